@@ -1,0 +1,25 @@
+# The two commands of the README. Each does its own setup (scripts/setup.sh is idempotent).
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRL_LENGTH_PLUGIN_CACHE ?= $(CURDIR)/.cache/models
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+
+.PHONY: setup demo test lint bench
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(PY) -m trl_length_plugin.demo
+
+test: setup lint
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+lint: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+bench: setup
+	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) -m bench.$$(basename $$b .py) || exit 1; done

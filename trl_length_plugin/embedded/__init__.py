@@ -1,0 +1,22 @@
+"""Embedded defaults built by the project's own code with no Hub access (issue 2):
+a tiny chat model and tokenizer, and a synthetic verifiable arithmetic task."""
+
+from trl_length_plugin.embedded.model import (
+    build_model,
+    build_tokenizer,
+    embedded_model_dir,
+    load_tokenizer,
+    run_warm_start,
+)
+from trl_length_plugin.embedded.task import correctness_reward, make_task_dataset, score_completion
+
+__all__ = [
+    "build_model",
+    "build_tokenizer",
+    "correctness_reward",
+    "embedded_model_dir",
+    "load_tokenizer",
+    "make_task_dataset",
+    "run_warm_start",
+    "score_completion",
+]

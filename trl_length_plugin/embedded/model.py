@@ -1,0 +1,199 @@
+"""The embedded tiny chat model: a BPE tokenizer and a Qwen2-architecture model, built with no Hub.
+
+Everything is deterministic by seed and cached on disk (``$TRL_LENGTH_PLUGIN_CACHE``, default
+``~/.cache/trl_length_plugin``). head_dim is 64 because vLLM's CPU attention rejects 16.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+from trl_length_plugin._optional import require
+from trl_length_plugin.embedded.task import make_completion, make_problem
+
+logger = logging.getLogger("trl_length_plugin")
+
+#: bump when the recipe below changes, so stale caches are not reused
+BUILD_VERSION = 1
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MODEL_CONFIG = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
+WARM_START = dict(steps=200, batch_size=64, lr=3e-3)
+
+
+def cache_root() -> Path:
+    """Where built models are kept."""
+    return Path(os.environ.get("TRL_LENGTH_PLUGIN_CACHE", Path.home() / ".cache" / "trl_length_plugin"))
+
+
+def _chat_corpus(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    texts = []
+    for _ in range(n):
+        question, answer = make_problem(rng)
+        texts.append(
+            f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+            f"{make_completion(question, answer, rng)}<|im_end|>\n"
+        )
+    return texts
+
+
+def build_tokenizer(seed: int = 0):
+    """A byte-level BPE tokenizer trained on the task's chat corpus, wrapped for transformers."""
+    tokenizers = require("tokenizers", "trl")
+    transformers = require("transformers", "trl")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    bpe = tokenizers.Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_chat_corpus(4000, seed), trainer=trainer)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        unk_token=None,
+        padding_side="left",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load the embedded tokenizer. ``AutoTokenizer`` would swap in Qwen2's pre-tokenizer for a
+    qwen2 directory and change the ids, so this uses ``PreTrainedTokenizerFast`` directly."""
+    transformers = require("transformers", "trl")
+    return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def build_model(tokenizer, seed: int = 0):
+    """A randomly initialised Qwen2 causal LM sized for CPU tests."""
+    torch = require("torch", "trl")
+    transformers = require("transformers", "trl")
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        **MODEL_CONFIG,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = transformers.Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def _sft_batch(tokenizer, rng: random.Random, batch_size: int):
+    """Token ids, attention mask and labels (completion tokens only) of one supervised batch."""
+    torch = require("torch", "trl")
+    rows, prompt_lens = [], []
+    for _ in range(batch_size):
+        question, answer = make_problem(rng)
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+        completion = make_completion(question, answer, rng) + tokenizer.eos_token
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        rows.append(prompt_ids + tokenizer.encode(completion, add_special_tokens=False))
+        prompt_lens.append(len(prompt_ids))
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch_size, width), tokenizer.pad_token_id)
+    mask = torch.zeros((batch_size, width), dtype=torch.long)
+    labels = torch.full((batch_size, width), -100)
+    for i, (row, n_prompt) in enumerate(zip(rows, prompt_lens, strict=True)):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        labels[i, n_prompt : len(row)] = torch.tensor(row[n_prompt:])
+    return ids, mask, labels
+
+
+def run_warm_start(model, tokenizer, seed: int = 0, steps: int | None = None) -> list[float]:
+    """A short supervised pass so the model answers in format, partly correctly (issue 2).
+
+    Returns the loss curve. Deterministic for a given seed and thread count.
+    """
+    torch = require("torch", "trl")
+    steps = WARM_START["steps"] if steps is None else steps
+    rng = random.Random(seed + 1)
+    torch.manual_seed(seed + 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START["lr"], weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / 30) * (1 - s / steps)
+    )
+    model.train()
+    losses = []
+    for _ in range(steps):
+        ids, mask, labels = _sft_batch(tokenizer, rng, WARM_START["batch_size"])
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _build_key(seed: int, warm: bool) -> str:
+    recipe = json.dumps([BUILD_VERSION, seed, warm, MODEL_CONFIG, WARM_START, VOCAB_SIZE], sort_keys=True)
+    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+
+
+def embedded_model_dir(warm_start: bool = True, seed: int = 0) -> Path:
+    """Directory of the embedded chat model (weights, config, tokenizer), built once and cached.
+
+    ``warm_start=False`` gives the untrained model, which builds in about a second.
+    """
+    target = cache_root() / f"tiny-qwen2-{'warm' if warm_start else 'random'}-{_build_key(seed, warm_start)}"
+    if (target / "config.json").exists():
+        return target
+    torch = require("torch", "trl")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(seed)
+    model = build_model(tokenizer, seed)
+    if warm_start:
+        logger.info("building the embedded warm-started model (once, about a minute)")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: same weights on every machine, no oversubscription
+        try:
+            losses = run_warm_start(model, tokenizer, seed)
+        finally:
+            torch.set_num_threads(threads)
+        logger.info("warm start done: loss %.3f -> %.3f", losses[0], losses[-1])
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # built concurrently by another process: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,21 @@
+"""Loss-side math of the core: LUSPO (decisions.md §4) and score centering (decisions.md §5).
+
+Names are re-exported lazily so that importing one loss never imports the other.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "luspo_loss": "trl_length_plugin.losses.luspo",
+    "compute_score_centering_term": "trl_length_plugin.losses.score_centering",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
