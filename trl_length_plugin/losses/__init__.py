@@ -10,6 +10,8 @@ import importlib
 _EXPORTS = {
     "luspo_loss": "trl_length_plugin.losses.luspo",
     "compute_score_centering_term": "trl_length_plugin.losses.score_centering",
+    "score_centering_metrics": "trl_length_plugin.losses.score_centering",
+    "policy_logprobs_at_sampler_topk": "trl_length_plugin.losses.topk_logprobs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,142 @@
+"""Length-shaping engine vs the per-group loop reference of the tests (issue 3, decisions.md §2-3).
+
+Every group algorithm and the length coefficient are on at once (bonus, longest, group-relative with the
+profile gate, zMAD on all channels, profiled length, pass rate, profile bands from global defaults and
+per-prompt metadata), followed by the §3.3 advantages and keep mask. Integer lengths, groups of 8 and 16.
+Each size runs twice: with per-prompt metadata (profiled lengths and a band per prompt, converted from
+Python objects inside the timed call) and with global bands only (no metadata; the profiled penalty
+then has nothing to act on). Measured: the engine's median time; baseline: ``tests/shaping_reference.py``
+on the same batch in the same run. For the largest batch the reference runs on a 65,536-row sub-batch
+and is scaled linearly, which the case name says ("ref 65536 rows x8").
+
+    python -m bench.bench_shaping [--threads 1] [--sizes 8192,65536,524288]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+
+from bench._harness import header, report, timeit
+from trl_length_plugin.shaping import (
+    LengthPenaltyConfig,
+    RolloutBatch,
+    apply_length_coefficient,
+    apply_length_penalties,
+    group_advantages,
+    nonzero_std_keep_mask,
+)
+
+REFERENCE_ROWS = 65_536
+CONFIG = {
+    "default": {
+        **{f"{c}_bonus": 0.05 for c in ("reasoning", "answer", "total")},
+        **{f"longest_{c}_penalty": 0.05 for c in ("reasoning", "answer", "total")},
+        **{f"group_{c}_length_penalty_coeff": 0.1 for c in ("reasoning", "answer", "total")},
+        **{f"{c}_zmad_threshold": 2.0 for c in ("reasoning", "answer", "total")},
+        **{f"{c}_zmad_penalty": 0.1 for c in ("reasoning", "answer", "total")},
+        "profiled_length_penalty": 0.1,
+        "pass_rate_length_penalty_weight": 0.2,
+        "group_length_penalty_profile_gate": True,
+    },
+    "profile_band": {
+        "enabled": True,
+        "defaults": {
+            "total": {"a": 1500, "b": 4000, "f": 0.8},
+            "reasoning": {"a": 1200, "b": 3500, "f": 0.8},
+            "answer": {"a": 200, "b": 500, "f": 0.9},
+        },
+    },
+}
+COEFF = 1.0
+
+
+def load_reference():
+    """``tests/shaping_reference.py`` by path (a ``tests`` package of verl shadows the repository's)."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "shaping_reference.py"
+    spec = importlib.util.spec_from_file_location("shaping_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_batch(rows: int, group_size: int, seed: int = 0):
+    """Binary rewards, integer lengths, per-prompt metadata shared by the rows of a group."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = rows // group_size
+    rewards = (torch.rand(rows, generator=generator) < 0.6).double()
+    reasoning = torch.randint(0, 4000, (rows,), generator=generator)
+    answer = torch.randint(0, 500, (rows,), generator=generator)
+    group_index = torch.arange(rows) // group_size
+    profiled = torch.randint(500, 4000, (groups, 8), generator=generator).tolist()
+    passed = (torch.rand(groups, 8, generator=generator) < 0.7).long().tolist()
+    per_group = [
+        {
+            "profiled_rewards": passed[g],
+            "profiled_output_lengths": profiled[g],
+            "profile_band": {"total": {"a": 1000 + g % 700, "b": 3000 + g % 900, "f": 0.85}},
+        }
+        for g in range(groups)
+    ]
+    metadata = [per_group[g] for g in group_index.tolist()]
+    return rewards, group_index, reasoning, answer, metadata
+
+
+def engine(config, rewards, group_index, reasoning, answer, metadata):
+    batch = RolloutBatch(rewards, group_index, reasoning, answer, metadata=metadata)
+    shaped = apply_length_penalties(batch, config).rewards
+    groups = batch.layout  # built once, reused by the coefficient and the normalization
+    coefficient = apply_length_coefficient(shaped, batch.total_lengths, groups, COEFF, correctness=rewards)
+    advantages = group_advantages(coefficient.rewards, rewards, groups)
+    keep = nonzero_std_keep_mask(coefficient.rewards, rewards, groups)
+    return advantages, keep
+
+
+def reference(ref, config, rewards, group_index, reasoning, answer, metadata):
+    shaped, _, _ = ref.reference_penalties(rewards, group_index, reasoning, answer, config, None, metadata)
+    total = [r + a for r, a in zip(reasoning, answer, strict=True)]
+    final, _ = ref.reference_coefficient(shaped, total, group_index, COEFF, 0, rewards)
+    return ref.reference_advantages(final, rewards, group_index), ref.reference_keep(
+        final, rewards, group_index
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sizes", default="8192,65536,524288")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ref = load_reference()
+    config = LengthPenaltyConfig.model_validate(CONFIG)
+    header(
+        f"length shaping engine vs per-group reference ({args.threads} thread(s); all algorithms + coefficient)"
+    )
+    for rows in (int(size) for size in args.sizes.split(",")):
+        for group_size in (8, 16):
+            rewards, group_index, reasoning, answer, metadata = make_batch(rows, group_size)
+            for label, meta in (("per-prompt metadata", metadata), ("global bands only", None)):
+                data = (rewards, group_index, reasoning, answer, meta)
+                measured = timeit(lambda data=data: engine(config, *data), repeat=7, warmup=1)
+                sub_rows = min(rows, REFERENCE_ROWS)
+                sub = (
+                    rewards[:sub_rows].tolist(),
+                    group_index[:sub_rows].tolist(),
+                    reasoning[:sub_rows].tolist(),
+                    answer[:sub_rows].tolist(),
+                    None if meta is None else meta[:sub_rows],
+                )
+                start = time.perf_counter()
+                reference(ref, config, *sub)
+                baseline = (time.perf_counter() - start) * rows / sub_rows
+                scaled = f", ref {sub_rows} rows x{rows // sub_rows}" if sub_rows < rows else ""
+                case = f"{rows} rows, groups of {group_size}, {label}{scaled}"
+                report(case, measured * 1e3, baseline * 1e3)
+
+
+if __name__ == "__main__":
+    main()

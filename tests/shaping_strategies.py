@@ -1,0 +1,166 @@
+"""Hypothesis strategies for random shaping batches and configs (every key of decisions.md §2.1)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+
+BINARY = [0.0] * 5 + [1.0] * 7 + [1 - 5e-7, 1 + 2e-7, 4e-7, -3e-7]
+NON_BINARY = [0.5, -1.0, math.nan, 2.0]
+CHANNEL_NAMES = ("total", "reasoning", "answer")
+
+small_positive = st.sampled_from([0.0, 0.0, 0.05, 0.1, 0.3])
+PARAMS = {
+    "enabled": st.sampled_from([True, True, True, False]),
+    "length_type": st.sampled_from(["tokens", "chars"]),
+    "top_percentile": st.sampled_from([0.1, 0.25, 0.5, 0.75, 1.0]),
+    **{f"{c}_bonus": small_positive for c in ("reasoning", "answer", "total")},
+    **{f"longest_{c}_penalty": small_positive for c in ("reasoning", "answer", "total")},
+    **{f"group_{c}_length_penalty_coeff": small_positive for c in ("reasoning", "answer", "total")},
+    **{
+        f"{c}_zmad_threshold": st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5])
+        for c in ("reasoning", "answer", "total")
+    },
+    **{f"{c}_zmad_penalty": small_positive for c in ("reasoning", "answer", "total")},
+    "profiled_length_penalty": small_positive,
+    "profiled_length_n_std": st.sampled_from([0.0, 0.5, 1.0, 2.0, -0.5]),
+    "profiled_length_min_samples": st.sampled_from([1, 2, 3]),
+    "pass_rate_length_penalty_weight": st.sampled_from([0.0, 0.0, 0.2, 1.0]),
+    "profile_band_total": st.booleans(),
+    "profile_band_reasoning": st.booleans(),
+    "profile_band_answer": st.booleans(),
+    "group_length_penalty_profile_gate": st.booleans(),
+    "group_length_penalty_profile_gate_channel": st.sampled_from(CHANNEL_NAMES),
+    "group_length_penalty_profile_gate_field": st.sampled_from(["a", "b", "f"]),
+    "group_length_penalty_profile_gate_positive_only": st.booleans(),
+}
+
+params_block = st.fixed_dictionaries({}, optional=PARAMS)
+
+
+@st.composite
+def valid_band(draw, scale=40):
+    a = draw(st.integers(0, scale))
+    return {"a": a, "b": a + draw(st.integers(1, scale)), "f": draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))}
+
+
+malformed_band = st.sampled_from(
+    [
+        {"a": 5, "b": 3, "f": 0.5},
+        {"a": 1, "b": 2, "f": 1.5},
+        {"a": True, "b": 2, "f": 0.5},
+        {"a": "1", "b": 2, "f": 0.5},
+        {"a": 1, "b": 2},
+        {"a": 1, "b": math.inf, "f": 0.5},
+        "garbage",
+    ]
+)
+
+
+@st.composite
+def config_dict(draw):
+    config = {"default": draw(params_block), "verbose": draw(st.booleans())}
+    if draw(st.booleans()):
+        config["agent_overrides"] = draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "math": st.one_of(st.none(), params_block),
+                    "code": st.one_of(st.none(), params_block),
+                },
+            )
+        )
+    if draw(st.booleans()):
+        defaults = draw(st.fixed_dictionaries({}, optional={ch: valid_band() for ch in CHANNEL_NAMES}))
+        config["profile_band"] = {"enabled": draw(st.booleans()), "defaults": defaults}
+    return config
+
+
+@st.composite
+def metadata_entry(draw, scale=40):
+    kind = draw(st.sampled_from(["none", "meta", "meta", "meta", "not_mapping"]))
+    if kind == "none":
+        return None
+    if kind == "not_mapping":
+        return "not a mapping"
+    meta = {}
+    band_kind = draw(st.sampled_from(["absent", "none", "mapping", "mapping", "bad"]))
+    if band_kind == "none":
+        meta["profile_band"] = None
+    elif band_kind == "bad":
+        meta["profile_band"] = [1, 2, 3]
+    elif band_kind == "mapping":
+        meta["profile_band"] = draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    ch: st.one_of(st.none(), valid_band(scale), valid_band(scale), malformed_band)
+                    for ch in CHANNEL_NAMES
+                },
+            )
+        )
+    profile_kind = draw(
+        st.sampled_from(["absent", "valid", "valid", "valid", "mismatch", "non_number", "half"])
+    )
+    if profile_kind != "absent":
+        n = draw(st.integers(0, 6))
+        rewards = draw(st.lists(st.sampled_from([0, 1, 1, 1.0, 0.0]), min_size=n, max_size=n))
+        lengths = draw(st.lists(st.integers(0, 2 * scale), min_size=n, max_size=n))
+        if profile_kind == "mismatch":
+            lengths = [*lengths, 3]
+        elif profile_kind == "non_number":
+            lengths = [*lengths, draw(st.sampled_from(["7", "seven", None, [3]]))]
+            rewards = [*rewards, 1]
+        elif profile_kind == "half":
+            rewards = None
+        meta["profiled_rewards"] = rewards
+        meta["profiled_output_lengths"] = lengths
+    return meta
+
+
+@st.composite
+def shaping_batch(draw, uniform=None, shared_metadata=False):
+    """(rewards, group ids, reasoning, answer, agents, metadata, multi_component) as Python lists."""
+    noisy = draw(st.integers(0, 3)) == 0
+    scale = draw(st.sampled_from([3, 40, 5000]))
+    if uniform is None:
+        uniform = draw(st.booleans())
+    if uniform:
+        size = draw(st.sampled_from([1, 2, 4, 8, 6]))
+        sizes = [size] * draw(st.integers(1, 6))
+    else:
+        sizes = draw(st.lists(st.integers(1, 9), min_size=1, max_size=6))
+    id_kind = draw(st.sampled_from(["int", "str", "sparse"]))
+    keys = {"int": list(range(len(sizes))), "str": [f"uid-{i}" for i in range(len(sizes))]}.get(
+        id_kind, [7 * i + 3 for i in range(len(sizes))]
+    )
+    group_index = [keys[g] for g, size in enumerate(sizes) for _ in range(size)]
+    if not uniform and draw(st.booleans()):
+        group_index = draw(st.permutations(group_index))
+    rows = len(group_index)
+    rewards = draw(
+        st.lists(st.sampled_from(BINARY + NON_BINARY if noisy else BINARY), min_size=rows, max_size=rows)
+    )
+    length = st.integers(0, scale)
+    reasoning = draw(st.lists(length, min_size=rows, max_size=rows))
+    answer = draw(st.lists(length, min_size=rows, max_size=rows))
+    agent = st.sampled_from(["math", "code", "other", None])
+    agents = None
+    if draw(st.booleans()):
+        if shared_metadata:  # per prompt: every row of a group has the same agent and metadata
+            per_group = {key: draw(agent) for key in keys}
+            agents = [per_group[key] for key in group_index]
+        else:
+            agents = draw(st.lists(agent, min_size=rows, max_size=rows))
+    metadata = None
+    if draw(st.booleans()):
+        if shared_metadata:
+            per_group = {key: draw(metadata_entry(scale)) for key in keys}
+            metadata = [per_group[key] for key in group_index]
+        else:
+            metadata = draw(st.lists(metadata_entry(scale), min_size=rows, max_size=rows))
+    multi = None
+    if noisy and draw(st.booleans()):
+        multi = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+    return rewards, group_index, reasoning, answer, agents, metadata, multi

@@ -1,0 +1,132 @@
+"""The vectorized engine agrees with the per-group float64 loop reference to 1e-9 on random batches.
+
+Covers ragged and non-adjacent groups, ties, empty channels, all-wrong/all-right and single-positive
+groups, missing and malformed metadata, non-binary groups and every config key (decisions.md §2-3).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.shaping_reference import (
+    reference_advantages,
+    reference_coefficient,
+    reference_keep,
+    reference_penalties,
+)
+from tests.shaping_strategies import config_dict, shaping_batch
+from trl_length_plugin.shaping import (
+    LengthPenaltyConfig,
+    RolloutBatch,
+    apply_length_coefficient,
+    apply_length_penalties,
+    group_advantages,
+    nonzero_std_keep_mask,
+)
+
+TOLERANCE = 1e-9
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_close(actual, expected):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert (math.isnan(a) and math.isnan(e)) or abs(a - e) <= TOLERANCE, (actual, expected)
+
+
+@settings(SETTINGS, max_examples=2000)
+@given(batch=shaping_batch(), config=config_dict())
+def test_penalties_match_reference(batch, config):
+    logging.getLogger("trl_length_plugin").setLevel(logging.ERROR)
+    rewards, group_index, reasoning, answer, agents, metadata, multi = batch
+    cfg = LengthPenaltyConfig.model_validate(config)
+    result = apply_length_penalties(
+        RolloutBatch(rewards, group_index, reasoning, answer, agents, metadata, multi), cfg
+    )
+    expected, metrics, info = reference_penalties(
+        rewards, group_index, reasoning, answer, cfg, agents, metadata, multi
+    )
+    assert_close(result.rewards.tolist(), expected)
+    assert set(result.metrics) == set(metrics)
+    for key, value in metrics.items():
+        assert_close([result.metrics[key]], [value])
+    if cfg.verbose and cfg.any_enabled:
+        assert [record.group for record in result.groups] == list(info)
+        for record in result.groups:
+            expected_info = info[record.group]
+            assert record.status == expected_info["status"]
+            if record.status != "shaped":
+                continue
+            reason = record.gate["reason"] if record.gate else "disabled"
+            assert reason == expected_info["gate_reason"]
+            for name, values in expected_info["terms"].items():
+                assert_close(record.terms[name], values)
+            if expected_info["profiled_threshold"] is not None:
+                assert_close([record.profiled_threshold], [expected_info["profiled_threshold"]])
+
+
+@settings(SETTINGS, max_examples=800)
+@given(
+    batch=shaping_batch(),
+    coeff=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+    min_tokens=st.sampled_from([0, 1, 5, 30]),
+    separate_correctness=st.booleans(),
+)
+def test_coefficient_matches_reference(batch, coeff, min_tokens, separate_correctness):
+    rewards, group_index, reasoning, _, _, _, _ = batch
+    correctness = [1.0 if r == 1.0 else 0.0 for r in rewards] if separate_correctness else None
+    result = apply_length_coefficient(rewards, reasoning, group_index, coeff, min_tokens, correctness)
+    shaped, multipliers = reference_coefficient(
+        rewards, reasoning, group_index, coeff, min_tokens, correctness
+    )
+    assert_close(result.rewards.tolist(), shaped)
+    assert_close(result.multipliers.tolist(), multipliers)
+    assert_close(result.reward_reductions.tolist(), [r - s for r, s in zip(rewards, shaped, strict=True)])
+
+
+@settings(SETTINGS, max_examples=800)
+@given(
+    batch=shaping_batch(),
+    coeff=st.sampled_from([0.5, 1.0]),
+    scale_by_std=st.booleans(),
+    std_eps=st.sampled_from([1e-4, 1e-6]),
+    std_scope=st.sampled_from(["group", "batch"]),
+    single_row_stats=st.sampled_from([None, (0.0, 1.0)]),
+)
+def test_normalization_matches_reference(batch, coeff, scale_by_std, std_eps, std_scope, single_row_stats):
+    rewards, group_index, reasoning, _, _, _, _ = batch
+    shaped = apply_length_coefficient(rewards, reasoning, group_index, coeff).rewards.tolist()
+    advantages = group_advantages(
+        shaped,
+        rewards,
+        group_index,
+        scale_by_std,
+        std_eps,
+        std_scope=std_scope,
+        single_row_stats=single_row_stats,
+    )
+    expected = reference_advantages(
+        shaped, rewards, group_index, scale_by_std, std_eps, std_scope, single_row_stats
+    )
+    assert_close(advantages.tolist(), expected)
+    keep = nonzero_std_keep_mask(shaped, rewards, group_index)
+    assert keep.tolist() == reference_keep(shaped, rewards, group_index)
+
+
+def test_float32_batch_matches_reference():
+    """A float32 batch is shaped in float64 and returned as float32 (one rounding of the reference)."""
+    rewards = torch.tensor([1, 1, 0, 1, 0, 1, 1, 1], dtype=torch.float32)
+    lengths = [5, 9, 3, 30, 7, 7, 12, 2]
+    cfg = LengthPenaltyConfig.model_validate(
+        {"default": {"group_total_length_penalty_coeff": 0.3, "total_bonus": 0.1}}
+    )
+    groups = [0, 0, 0, 0, 1, 1, 1, 1]
+    result = apply_length_penalties(RolloutBatch(rewards, groups, lengths, [0] * 8), cfg)
+    expected, _, _ = reference_penalties(rewards.tolist(), groups, lengths, [0] * 8, cfg)
+    assert result.rewards.dtype == torch.float32
+    assert torch.equal(result.rewards, torch.tensor(expected, dtype=torch.float64).float())

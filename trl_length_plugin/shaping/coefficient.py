@@ -1,0 +1,78 @@
+"""The multiplicative length coefficient relative to the shortest correct rollout (decisions.md §3.1-3.2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .batch import as_float_tensor
+from .groups import GroupLayout, row_min
+
+
+@dataclass
+class LengthCoefficientResult:
+    """``rewards`` = input * ``multipliers``; ``reward_reductions`` = input - ``rewards``; ``raw_rewards``
+    is the input; all in the input's dtype. ``lengths``, ``layout`` and ``coeff`` serve the log line."""
+
+    rewards: torch.Tensor
+    multipliers: torch.Tensor
+    reward_reductions: torch.Tensor
+    raw_rewards: torch.Tensor
+    lengths: torch.Tensor
+    coeff: float
+    layout: GroupLayout = field(repr=False)
+    group_index: Any = field(repr=False)
+
+
+def apply_length_coefficient(
+    rewards: Any,
+    lengths: Any,
+    group_index: Any,
+    coeff: float,
+    min_tokens: int = 0,
+    correctness: Any = None,
+) -> LengthCoefficientResult:
+    """Multiply correct rollouts by ``1 / (1 + c * max(0, L - L_ref) / L_ref)`` (decisions.md §3.1).
+
+    A row is correct when its raw correctness reward (``correctness``, by default ``rewards``) is exactly
+    1.0; L_ref = max(shortest correct L of the group, ``min_tokens``, 1); ``lengths`` are loss-mask token
+    counts (§3.2). With group penalties on, pass their result as ``rewards`` and the raw correctness
+    reward as ``correctness`` (§3.5). Every other row keeps multiplier 1.
+    """
+    if not (math.isfinite(coeff) and coeff >= 0):
+        raise ValueError(f"length_penalty_coeff must be a finite number >= 0, got {coeff}")
+    if min_tokens < 0:
+        raise ValueError(f"length_penalty_min_tokens must be >= 0, got {min_tokens}")
+    raw = as_float_tensor(rewards, "rewards")
+    values = raw.double()
+    length = as_float_tensor(lengths, "lengths").double()
+    if length.numel() != values.numel() or not bool(torch.isfinite(length).all()) or bool((length < 0).any()):
+        raise ValueError("lengths must be one finite count >= 0 per reward")
+    truth = values if correctness is None else as_float_tensor(correctness, "correctness").double()
+    if truth.numel() != values.numel():
+        raise ValueError("correctness must have one value per reward")
+    correct = truth == 1.0
+    layout = GroupLayout.of(group_index)
+    if layout.num_rows != values.numel():
+        raise ValueError(f"group_index has {layout.num_rows} rows, rewards have {values.numel()}")
+    floor = max(float(min_tokens), 1.0)
+    parts = []
+    for bucket in layout.buckets:
+        length_b, correct_b = bucket.pack(length), bucket.pack(correct, False)
+        reference = row_min(length_b, correct_b).clamp(min=floor)  # BIG without a correct row
+        parts.append(1 / (1 + coeff * (length_b - reference).clamp(min=0) / reference * correct_b))
+    multipliers = layout.unpack(parts)
+    out = (values * multipliers).to(raw.dtype)
+    return LengthCoefficientResult(
+        rewards=out,
+        multipliers=multipliers.to(raw.dtype),
+        reward_reductions=(values - out.double()).to(raw.dtype),
+        raw_rewards=raw,
+        lengths=length,
+        coeff=float(coeff),
+        layout=layout,
+        group_index=group_index,
+    )

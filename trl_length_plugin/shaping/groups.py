@@ -1,0 +1,221 @@
+"""Prompt groups as padded matrices, so per-group work is one tensor operation (decisions.md §2.2).
+
+Rows are grouped by any hashable id; rows of a group need not be adjacent and groups may differ in size.
+``GroupLayout`` packs the rows into slot-major ``[width, groups]`` matrices, one per power-of-two
+width (a single one when groups have equal sizes), each row in a slot of its group in row order. Every
+algorithm then runs on whole matrices: per-group values are ``(groups,)`` vectors that broadcast over
+the slots, and reductions run over dimension 0 (whole contiguous vectors, much faster on CPU than
+reducing many short rows). No loop runs over groups.
+
+The ``row_*`` helpers reduce a ``[width, groups]`` matrix over the slots selected by a boolean mask.
+Masks are applied arithmetically (``BIG`` stands in for infinity) because ``torch.where`` on boolean
+masks is several times slower than arithmetic on CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+BIG = 1e300  # larger than any length or reward, small enough that BIG + x == BIG stays finite
+
+
+def dense_group_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Map arbitrary group ids to ``0..G-1`` (int64), numbering groups by first appearance."""
+    if isinstance(group_index, torch.Tensor) or (
+        isinstance(group_index, np.ndarray) and group_index.dtype.kind in "iub"
+    ):
+        ids = torch.as_tensor(group_index).reshape(-1).long()
+        if ids.numel() < 2 or bool((ids[1:] >= ids[:-1]).all()):
+            return torch.unique_consecutive(ids, return_inverse=True)[1]
+        _, inverse = torch.unique(ids, return_inverse=True)
+        first = torch.full((int(inverse.max()) + 1,), ids.numel(), dtype=torch.long)
+        first.scatter_reduce_(0, inverse, torch.arange(ids.numel()), "amin")
+        rank = torch.empty_like(first)
+        rank[torch.argsort(first)] = torch.arange(first.numel())
+        return rank[inverse]
+    items = group_index.tolist() if isinstance(group_index, np.ndarray) else list(group_index)
+    codes = {key: code for code, key in enumerate(dict.fromkeys(items))}
+    return torch.from_numpy(np.fromiter(map(codes.__getitem__, items), dtype=np.int64, count=len(items)))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The groups (``groups``, (Gb,)) whose size fits ``width``; ``rows``/``slots`` place each of their
+    rows in the flattened ``[width, Gb]`` matrix (both ``None`` when the bucket is the whole batch in
+    row order); ``valid`` marks the slots holding a row and ``slot_rows`` the row of each slot (-1 for
+    padding)."""
+
+    width: int
+    groups: torch.Tensor
+    rows: torch.Tensor | None
+    slots: torch.Tensor | None
+    valid: torch.Tensor
+    slot_rows: torch.Tensor
+
+    @property
+    def is_view(self) -> bool:
+        return self.rows is None
+
+    def pack(self, values: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
+        """Per-row values as a ``[width, Gb]`` matrix, padding slots set to ``fill``."""
+        if self.rows is None:
+            return values.view(-1, self.width).t().contiguous()
+        packed = values.new_full((self.width * self.groups.numel(),), fill)
+        packed[self.slots] = values.index_select(0, self.rows)
+        return packed.view(self.width, -1)
+
+    def take(self, per_group: torch.Tensor) -> torch.Tensor:
+        """The entries of a per-group tensor for this bucket's groups."""
+        return per_group if self.rows is None else per_group.index_select(0, self.groups)
+
+
+class GroupLayout:
+    """Dense group ids (``gid``), sizes, each row's position in its group, first rows and buckets.
+
+    ``GroupLayout(group_index)`` accepts any per-row ids; functions taking ``group_index`` also accept
+    a ready layout (for example ``RolloutBatch.layout``) to skip rebuilding it.
+    """
+
+    def __init__(self, group_index: Sequence | np.ndarray | torch.Tensor):
+        self.gid = dense_group_ids(group_index)
+        self.num_rows = self.gid.numel()
+        self.num_groups = int(self.gid.max()) + 1 if self.num_rows else 0
+        self.sizes = torch.bincount(self.gid, minlength=self.num_groups)
+        ordered = self.num_rows < 2 or bool((self.gid[1:] >= self.gid[:-1]).all())
+        order = torch.arange(self.num_rows) if ordered else torch.argsort(self.gid, stable=True)
+        starts = torch.cumsum(self.sizes, 0) - self.sizes
+        self.position = torch.empty_like(self.gid)
+        self.position[order] = torch.arange(self.num_rows) - starts[self.gid[order]]
+        self.first_row = order[starts]
+        self.buckets = self._make_buckets(ordered)
+
+    @staticmethod
+    def of(group_index: GroupLayout | Sequence | np.ndarray | torch.Tensor) -> GroupLayout:
+        return group_index if isinstance(group_index, GroupLayout) else GroupLayout(group_index)
+
+    def _make_buckets(self, ordered: bool) -> list[Bucket]:
+        widths = torch.ones_like(self.sizes)
+        big = self.sizes > 1
+        widths[big] = 2 ** torch.ceil(torch.log2(self.sizes[big].double())).long()
+        buckets = []
+        for width in torch.unique(widths).tolist():
+            in_bucket = widths == width
+            groups = torch.nonzero(in_bucket).flatten()
+            if ordered and groups.numel() == self.num_groups and self.num_rows == self.num_groups * width:
+                valid = torch.ones(width, self.num_groups, dtype=torch.bool)
+                slot_rows = torch.arange(self.num_rows).view(-1, width).t().contiguous()
+                buckets.append(Bucket(width, groups, None, None, valid, slot_rows))
+                continue
+            local = torch.full((self.num_groups,), -1, dtype=torch.long)
+            local[groups] = torch.arange(groups.numel())
+            rows = torch.nonzero(in_bucket[self.gid]).flatten()
+            slots = self.position[rows] * groups.numel() + local[self.gid[rows]]
+            slot_rows = torch.full((width * groups.numel(),), -1, dtype=torch.long)
+            slot_rows[slots] = rows
+            slot_rows = slot_rows.view(width, -1)
+            buckets.append(Bucket(width, groups, rows, slots, slot_rows >= 0, slot_rows))
+        return buckets
+
+    def unpack(self, parts: list[torch.Tensor], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Per-row values from one ``[width, Gb]`` matrix per bucket (the inverse of ``pack``); an empty
+        batch gives an empty ``dtype`` tensor."""
+        if not parts:
+            return torch.empty(0, dtype=dtype)
+        if len(parts) == 1 and self.buckets[0].is_view:
+            return parts[0].t().reshape(-1)
+        out = parts[0].new_empty(self.num_rows)
+        for bucket, part in zip(self.buckets, parts, strict=True):
+            out[bucket.rows] = part.reshape(-1).index_select(0, bucket.slots)
+        return out
+
+    def per_group(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """A per-group tensor from one (Gb,) tensor per bucket."""
+        if len(parts) == 1 and self.buckets[0].is_view:
+            return parts[0]
+        out = parts[0].new_empty((self.num_groups, *parts[0].shape[1:]))
+        for bucket, part in zip(self.buckets, parts, strict=True):
+            out[bucket.groups] = part
+        return out
+
+
+def _outside(member: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``BIG`` where ``member`` is false, 0 elsewhere, in the dtype of ``like``."""
+    return (~member).to(like.dtype).mul_(BIG)
+
+
+def row_count(member: torch.Tensor) -> torch.Tensor:
+    """Members per group (int64)."""
+    return member.sum(0)
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the slots in slot order, like a plain loop (``cumsum`` adds sequentially)."""
+    return x.cumsum(0)[-1]
+
+
+def row_min(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """Smallest member value per group; ``BIG`` for a group without members."""
+    return _outside(member, x).add_(x).amin(0)
+
+
+def row_max(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """Largest member value per group; ``-BIG`` for a group without members."""
+    outside = _outside(member, x)
+    return torch.sub(x, outside, out=outside).amax(0)
+
+
+def row_first_extreme(x: torch.Tensor, member: torch.Tensor, largest: bool) -> torch.Tensor:
+    """One-hot ``[width, groups]`` mask of the smallest (largest) member, the lowest slot on ties, so the
+    lowest row index (slots follow row order); no hit in a group without members."""
+    extreme = row_max(x, member) if largest else row_min(x, member)
+    hit = (x == extreme) & member
+    return hit & (hit.cumsum(0) == 1)
+
+
+@functools.cache
+def _sorting_network(width: int) -> tuple[tuple[int, int], ...]:
+    """Batcher's odd-even merge sort comparators for a power-of-two ``width``."""
+    pairs = []
+    p = 1
+    while p < width:
+        k = p
+        while k >= 1:
+            for j in range(k % p, width - k, 2 * k):
+                for i in range(min(k, width - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p):
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return tuple(pairs)
+
+
+def row_sorted(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """Member values sorted ascending over the slots of each group, non-members (``BIG``) last.
+
+    Up to 16 slots go through a sorting network on whole slot vectors (much faster than ``torch.sort``
+    on many short rows); more slots use ``torch.sort``.
+    """
+    filled = _outside(member, x).add_(x)
+    if filled.shape[0] > 16:
+        return torch.sort(filled, dim=0).values
+    slots = list(filled.unbind(0))
+    for i, j in _sorting_network(filled.shape[0]):
+        slots[i], slots[j] = torch.minimum(slots[i], slots[j]), torch.maximum(slots[i], slots[j])
+    return torch.stack(slots)
+
+
+def row_pick(ordered: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``ordered[index[g], g]`` with the index clamped into the slots."""
+    return ordered.gather(0, index.clamp(0, ordered.shape[0] - 1)[None]).squeeze(0)
+
+
+def row_median(x: torch.Tensor, member: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``statistics.median`` of the members: the middle value, or the mean of the two middle values for
+    an even count (decisions.md §2.9); meaningless where ``count`` is 0."""
+    ordered = row_sorted(x, member)
+    return (row_pick(ordered, (count - 1) >> 1) + row_pick(ordered, count >> 1)) / 2

@@ -1,0 +1,139 @@
+"""Reasoning, answer and total lengths of completions (decisions.md §2.5).
+
+Only the model's own output counts: a text completion whole; in a conversational completion the
+assistant (or role-less) messages, their ``content`` and ``reasoning_content``. Reasoning is the text
+between the reasoning tags (the tags themselves count in neither channel); an unterminated opening tag
+makes the rest reasoning, and a closing tag with no opening tag before it makes the text before it
+reasoning (chat templates that open the reasoning block in the prompt). Answer is the rest.
+``tokens``: ``len(tokenizer.encode(text, add_special_tokens=False))`` per channel; ``chars``: ``len``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import DEFAULT_REASONING_TAGS
+
+Completion = str | Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ChannelLengths:
+    """Per-row lengths (int64) of the reasoning and answer channels; ``total`` is their sum."""
+
+    reasoning: torch.Tensor
+    answer: torch.Tensor
+
+    @property
+    def total(self) -> torch.Tensor:
+        return self.reasoning + self.answer
+
+
+def split_reasoning(text: str, reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS) -> tuple[str, str]:
+    """``(reasoning, answer)`` of one text."""
+    opening, closing = reasoning_tags
+    reasoning, answer = [], []
+    position = 0
+    first_close, first_open = text.find(closing), text.find(opening)
+    if first_close != -1 and (first_open == -1 or first_close < first_open):
+        reasoning.append(text[:first_close])
+        position = first_close + len(closing)
+    while True:
+        start = text.find(opening, position)
+        if start == -1:
+            answer.append(text[position:])
+            break
+        answer.append(text[position:start])
+        end = text.find(closing, start + len(opening))
+        if end == -1:
+            reasoning.append(text[start + len(opening) :])
+            break
+        reasoning.append(text[start + len(opening) : end])
+        position = end + len(closing)
+    return "".join(reasoning), "".join(answer)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+    return "".join(parts)
+
+
+def completion_channels(
+    completion: Completion, reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
+) -> tuple[str, str]:
+    """``(reasoning, answer)`` text of a completion: a string or a list of chat messages."""
+    if isinstance(completion, str):
+        return split_reasoning(completion, reasoning_tags)
+    reasoning, answer = [], []
+    for message in completion:
+        if message.get("role") not in (None, "assistant"):
+            continue
+        if isinstance(message.get("reasoning_content"), str):
+            reasoning.append(message["reasoning_content"])
+        tagged, rest = split_reasoning(_content_text(message.get("content")), reasoning_tags)
+        reasoning.append(tagged)
+        answer.append(rest)
+    return "".join(reasoning), "".join(answer)
+
+
+def _count(text: str, length_type: str, tokenizer: Any) -> int:
+    if length_type == "chars":
+        return len(text)
+    if length_type != "tokens":
+        raise ValueError(f"length_type must be 'tokens' or 'chars', got {length_type!r}")
+    if tokenizer is None:
+        raise ValueError(
+            "length_type 'tokens' needs a tokenizer (decisions.md §2.5); use 'chars' without one"
+        )
+    return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+
+def measure_lengths(
+    completions: Sequence[Completion],
+    length_type: str | Sequence[str] = "tokens",
+    tokenizer: Any = None,
+    reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS,
+) -> ChannelLengths:
+    """Channel lengths of each completion; ``length_type`` is one unit or one per row (per agent)."""
+    types = [length_type] * len(completions) if isinstance(length_type, str) else list(length_type)
+    if len(types) != len(completions):
+        raise ValueError("length_type must be one string or one per completion")
+    if tokenizer is None and "tokens" in types:
+        raise ValueError(
+            "length_type 'tokens' needs a tokenizer (decisions.md §2.5); use 'chars' without one"
+        )
+    reasoning, answer = [], []
+    for completion, unit in zip(completions, types, strict=True):
+        thought, said = completion_channels(completion, reasoning_tags)
+        reasoning.append(_count(thought, unit, tokenizer))
+        answer.append(_count(said, unit, tokenizer))
+    return ChannelLengths(torch.tensor(reasoning, dtype=torch.long), torch.tensor(answer, dtype=torch.long))
+
+
+def measure_token_ids(
+    completion_ids: Sequence[Sequence[int]] | torch.Tensor,
+    tokenizer: Any,
+    length_type: str | Sequence[str] = "tokens",
+    reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS,
+) -> ChannelLengths:
+    """Channel lengths of completions given as token ids: each is decoded (special tokens skipped, as
+    TRL decodes completions) and measured like text."""
+    if tokenizer is None:
+        raise ValueError("measuring token ids needs the tokenizer that produced them")
+    if isinstance(completion_ids, torch.Tensor):
+        completion_ids = completion_ids.tolist()
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
+    return measure_lengths(texts, length_type, tokenizer, reasoning_tags)

@@ -1,0 +1,207 @@
+"""Per-prompt metadata as per-group tensors (decisions.md §2.10, §2.12-2.14).
+
+Each group reads the metadata of its first row (the fields are per prompt). A malformed entry is
+ignored for that group and channel and reported in ``invalid`` so the caller can warn and count it;
+it never raises:
+
+- a ``profile_band`` that is not a mapping, or a channel block that is not a mapping, lacks ``a``,
+  ``b`` or ``f``, has a value that is not a finite int/float (bools and strings are not numbers), has
+  ``b <= a`` or ``f`` outside [0, 1];
+- ``profiled_rewards`` / ``profiled_output_lengths`` (both present) that are not lists or tuples of
+  the same length whose values convert to finite floats.
+
+Conversion runs in bulk (list comprehensions and one numpy array per field); the per-entry parser
+below defines what is valid and handles batches holding anything but plain dicts, lists and numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import chain, compress
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import BAND_CHANNELS, ProfileBandChannel
+
+PROFILED = "profiled"
+METADATA_KEYS = (*BAND_CHANNELS, PROFILED)  # the names ``invalid`` is keyed by
+_INVALID = object()  # a malformed entry
+
+
+@dataclass
+class GroupMetadata:
+    """Per-group tensors: ``bands[channel]`` is (G, 3) ``a, b, f`` merged over the global defaults (NaN
+    rows: no band); ``profiled_*`` describe the passing profiled lengths (count 0: no usable profile);
+    ``invalid[key]`` (G,) flags a malformed channel or profile."""
+
+    bands: dict[str, torch.Tensor]
+    profiled_count: torch.Tensor
+    profiled_sum: torch.Tensor
+    profiled_sum_sq: torch.Tensor
+    invalid: dict[str, torch.Tensor]
+
+    def profiled_threshold(self, n_std: torch.Tensor, min_samples: torch.Tensor) -> torch.Tensor:
+        """mean + n_std * sample std of the passing profiled lengths, NaN below ``min_samples`` (§2.10).
+
+        The variance is ``(n * sum(x^2) - sum(x)^2) / (n (n - 1))``: exact for integer lengths, hence
+        the correctly rounded value of ``statistics.variance``.
+        """
+        n = self.profiled_count.double()
+        mean = self.profiled_sum / n
+        variance = (n * self.profiled_sum_sq - self.profiled_sum**2) / (n * (n - 1))
+        std = torch.where(n > 1, variance.clamp(min=0).sqrt(), torch.zeros_like(n))
+        return (mean + n_std * std).masked_fill(n < min_samples, math.nan)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _get(mapping: Any, key: str) -> Any:
+    """``mapping[key]`` or None; ``_INVALID`` when ``mapping`` is neither a mapping nor None."""
+    if mapping is None or mapping is _INVALID:
+        return mapping
+    return mapping.get(key) if isinstance(mapping, Mapping) else _INVALID
+
+
+def _column(items: list[Any], key: str) -> list[Any]:
+    """``item.get(key)`` of each item (None stays None, a non-mapping gives ``_INVALID``)."""
+    return [item.get(key) if type(item) is dict else _get(item, key) for item in items]
+
+
+def _band(block: Any) -> tuple[float, float, float] | None | object:
+    """A channel block as ``(a, b, f)``, None when absent, ``_INVALID`` when malformed."""
+    if block is None or block is _INVALID:
+        return block
+    if not isinstance(block, Mapping):
+        return _INVALID
+    a, b, f = block.get("a"), block.get("b"), block.get("f")
+    if not (_real(a) and _real(b) and _real(f)) or b <= a or not 0 <= f <= 1:
+        return _INVALID
+    return float(a), float(b), float(f)
+
+
+def _floats(values: Any) -> np.ndarray | None:
+    """A list or tuple of values as a 1-D float64 array, None when it is not one."""
+    if not isinstance(values, (list, tuple)):
+        return None
+    try:
+        array = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return array if array.ndim == 1 else None
+
+
+def _profile(rewards: Any, lengths: Any) -> np.ndarray | None | object:
+    """The passing profiled lengths, None when either list is absent, ``_INVALID`` when malformed."""
+    if rewards is None or lengths is None:
+        return None
+    r, x = _floats(rewards), _floats(lengths)
+    if r is None or x is None or r.size != x.size or not (np.isfinite(r).all() and np.isfinite(x).all()):
+        return _INVALID
+    return x[r > 0]
+
+
+def _channel_bands(blocks: list[Any], default: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 3) ``a, b, f`` (the default where absent or malformed) and (n,) malformed flags."""
+    if blocks.count(None) == len(blocks):
+        return np.tile(np.array(default, dtype=np.float64), (len(blocks), 1)), np.zeros(
+            len(blocks), dtype=bool
+        )
+    if set(map(type, blocks)) <= {dict, type(None)}:
+        absent = (None, None, None)
+        rows = [
+            absent if block is None else (block.get("a"), block.get("b"), block.get("f")) for block in blocks
+        ]
+        if set(map(type, chain.from_iterable(rows))) <= {int, float, type(None)}:
+            values = np.array(rows, dtype=np.float64)
+            present = np.array([block is not None for block in blocks], dtype=bool)
+            a, b, f = values.T
+            with np.errstate(invalid="ignore"):
+                good = np.isfinite(values).all(1) & (b > a) & (f >= 0) & (f <= 1)
+            values[~(present & good)] = default
+            return values, present & ~good
+    parsed = [_band(block) for block in blocks]
+    values = np.array([default if p is None or p is _INVALID else p for p in parsed], dtype=np.float64)
+    return values.reshape(-1, 3), np.array([p is _INVALID for p in parsed], dtype=bool)
+
+
+def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
+    """Per group: count, sum and sum of squares of the passing profiled lengths, and malformed flags."""
+    n = len(rewards)
+    present = [r is not None and x is not None for r, x in zip(rewards, lengths, strict=True)]
+    given_r, given_x = list(compress(rewards, present)), list(compress(lengths, present))
+    flat = None
+    if {type(v) for v in chain(given_r, given_x)} <= {list, tuple}:
+        sizes = list(map(len, given_r))
+        if sizes == list(map(len, given_x)):
+            flat_r = _floats(list(chain.from_iterable(given_r)))
+            flat_x = _floats(list(chain.from_iterable(given_x)))
+            if flat_r is not None and flat_x is not None:
+                owner = np.repeat(np.flatnonzero(present), sizes)
+                finite = np.isfinite(flat_r) & np.isfinite(flat_x)
+                bad = np.bincount(owner, weights=~finite, minlength=n) > 0
+                flat = flat_x, owner, (flat_r > 0) & ~bad[owner], bad
+    if flat is None:  # anything but lists of numbers: one group at a time
+        parsed = [_profile(r, x) for r, x in zip(rewards, lengths, strict=True)]
+        kept = [p if isinstance(p, np.ndarray) else np.empty(0) for p in parsed]
+        flat_x = np.concatenate(kept) if kept else np.empty(0)
+        owner = np.repeat(np.arange(n), list(map(len, kept)))
+        flat = flat_x, owner, np.ones(flat_x.size, dtype=bool), np.array([p is _INVALID for p in parsed])
+    flat_x, owner, passing, bad = flat
+    x, owner = flat_x[passing], owner[passing]
+    return (
+        np.bincount(owner, minlength=n),
+        np.bincount(owner, weights=x, minlength=n),
+        np.bincount(owner, weights=x * x, minlength=n),
+        bad.astype(bool),
+    )
+
+
+def group_metadata(
+    group_meta: list[Any] | None,
+    global_bands: Mapping[str, ProfileBandChannel],
+    num_groups: int,
+    read_bands: bool = True,
+    read_profiles: bool = True,
+) -> GroupMetadata:
+    """Convert each group's metadata (None: no metadata), merging bands over ``global_bands`` per
+    channel (the row's channel wins, §2.12). Only the parts asked for are read."""
+    defaults = {
+        ch: (band.a, band.b, band.f) if (band := global_bands.get(ch)) is not None else (math.nan,) * 3
+        for ch in BAND_CHANNELS
+    }
+    bands = {
+        ch: torch.tensor(defaults[ch], dtype=torch.float64).expand(num_groups, 3) for ch in BAND_CHANNELS
+    }
+    no_flags = torch.zeros(num_groups, dtype=torch.bool)
+    invalid = dict.fromkeys(METADATA_KEYS, no_flags)
+    zeros = torch.zeros(num_groups, dtype=torch.float64)
+    count, total, total_sq = zeros.long(), zeros, zeros
+    if not group_meta or group_meta.count(None) == len(group_meta):
+        return GroupMetadata(bands, count, total, total_sq, invalid)
+
+    ids = list(map(id, group_meta))
+    unique = dict(zip(ids, group_meta, strict=True))
+    metas = list(unique.values())
+    position = {key: i for i, key in enumerate(unique)}
+    inverse = torch.from_numpy(np.fromiter(map(position.__getitem__, ids), dtype=np.int64, count=len(ids)))
+
+    def spread(values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(values).index_select(0, inverse)
+
+    if read_bands:
+        band_maps = _column(metas, "profile_band")
+        for ch in BAND_CHANNELS:
+            values, bad = _channel_bands(_column(band_maps, ch), defaults[ch])
+            bands[ch], invalid[ch] = spread(values), spread(bad)
+    if read_profiles:
+        rewards, lengths = _column(metas, "profiled_rewards"), _column(metas, "profiled_output_lengths")
+        count_np, total_np, total_sq_np, bad = _profiles(rewards, lengths)
+        count, total, total_sq = spread(count_np), spread(total_np), spread(total_sq_np)
+        invalid[PROFILED] = spread(bad)
+    return GroupMetadata(bands, count, total, total_sq, invalid)

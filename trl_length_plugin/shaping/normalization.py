@@ -1,0 +1,102 @@
+"""Group normalization and the non-zero-std filter that go with the length coefficient (decisions.md §3.3).
+
+Groups are classified by their raw correctness rewards: all-correct (every raw reward exactly 1.0),
+all-wrong (no raw reward > 0, the positivity of §2.4) and mixed (the rest). All-correct groups are
+mean-centred without std scaling, all-wrong groups get 0, mixed groups get the host trainer's
+normalization computed on the shaped rewards:
+
+- TRL ``GRPOTrainer``: ``(r - mean) / (std + 1e-4)``, unbiased std, per group (``scale_rewards="group"``)
+  or over the whole batch (``std_scope="batch"``), a NaN (unscorable) row leaves the statistics and
+  gets 0; ``scale_rewards="none"`` is ``scale_by_std=False``.
+- verl ``compute_grpo_outcome_advantage``: the same with ``std_eps=1e-6`` and a group of one row using
+  mean 0 and std 1 (``single_row_stats=(0.0, 1.0)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+
+from .batch import as_float_tensor
+from .groups import Bucket, GroupLayout, row_count, row_max, row_min, row_sum
+
+ALL_CORRECT_MIN_RANGE = 1e-6  # §3.3
+
+
+def _inputs(shaped: Any, raw: Any, group_index: Any) -> tuple[torch.Tensor, torch.Tensor, GroupLayout]:
+    values = as_float_tensor(shaped, "shaped")
+    truth = as_float_tensor(raw, "raw").double()
+    layout = GroupLayout.of(group_index)
+    if not values.numel() == truth.numel() == layout.num_rows:
+        raise ValueError("shaped, raw and group_index must have one entry per row")
+    return values, truth, layout
+
+
+def _all_correct(bucket: Bucket, raw: torch.Tensor) -> torch.Tensor:
+    """Per group: every raw reward is exactly 1.0."""
+    return ((bucket.pack(raw) == 1.0) | ~bucket.valid).all(0)
+
+
+def group_advantages(
+    shaped: Any,
+    raw: Any,
+    group_index: Any,
+    scale_by_std: bool = True,
+    std_eps: float = 1e-4,
+    *,
+    std_scope: Literal["group", "batch"] = "group",
+    single_row_stats: tuple[float, float] | None = None,
+) -> torch.Tensor:
+    """Advantages per row from shaped rewards (decisions.md §3.3), in the dtype of ``shaped``.
+
+    ``single_row_stats``: the (mean, std) a group of one row uses (verl: ``(0.0, 1.0)``); ``None`` gives
+    such a mixed group the advantage 0 (TRL, where its std is undefined).
+    """
+    values, truth, layout = _inputs(shaped, raw, group_index)
+    x = values.double()
+    batch_std = None
+    if scale_by_std and std_scope == "batch":
+        finite = x[~torch.isnan(x)]
+        batch_std = ((finite - finite.mean()).pow(2).sum() / (finite.numel() - 1)).sqrt()
+    parts = []
+    for bucket in layout.buckets:
+        packed = bucket.pack(x)
+        valid = bucket.valid & ~torch.isnan(packed)
+        known = packed.nan_to_num(0.0) * valid
+        count = row_count(valid)
+        centred = (known - row_sum(known) / count.clamp(min=1)) * valid
+        mixed = centred
+        if scale_by_std:
+            std = batch_std if batch_std is not None else (centred.pow(2).sum(0) / (count - 1)).sqrt()
+            mixed = centred / (std + std_eps)
+        if single_row_stats is not None:
+            mean, std = single_row_stats
+            single = (known - mean) / (std + std_eps) if scale_by_std else known - mean
+            alone = count == 1
+            mixed = mixed.nan_to_num(0.0) * ~alone + single * alone
+        all_correct = _all_correct(bucket, truth)
+        all_wrong = ~((bucket.pack(truth) > 0) & bucket.valid).any(0)
+        advantage = mixed.nan_to_num(0.0) * ~all_correct + centred * all_correct
+        parts.append(advantage * (valid & ~all_wrong))
+    return layout.unpack(parts).to(values.dtype)
+
+
+def nonzero_std_keep_mask(shaped: Any, raw: Any, group_index: Any) -> torch.Tensor:
+    """Per row, whether its group survives the non-zero-std filter (decisions.md §3.3).
+
+    All-correct groups need a shaped range above 1e-6; other groups shaped rewards that are not all
+    equal. NaN rows are ignored.
+    """
+    values, truth, layout = _inputs(shaped, raw, group_index)
+    x = values.double()
+    parts = []
+    for bucket in layout.buckets:
+        packed = bucket.pack(x)
+        valid = bucket.valid & ~torch.isnan(packed)
+        packed = packed.nan_to_num(0.0)
+        highest, lowest = row_max(packed, valid), row_min(packed, valid)
+        all_correct = _all_correct(bucket, truth)
+        keep = (highest - lowest > ALL_CORRECT_MIN_RANGE) & all_correct | (highest > lowest) & ~all_correct
+        parts.append(keep.expand_as(packed))
+    return layout.unpack(parts, torch.bool)

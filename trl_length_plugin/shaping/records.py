@@ -1,0 +1,138 @@
+"""Per-group records of what the length shaping did, for ``verbose`` logs (decisions.md §2.13).
+
+Built only when ``verbose`` is on, so the default path never loops over groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .band import GATE_REASONS
+from .groups import GroupLayout
+
+if TYPE_CHECKING:
+    from .batch import RolloutBatch
+    from .penalties import AgentParams
+
+logger = logging.getLogger("trl_length_plugin")
+
+
+@dataclass
+class GroupRecord:
+    """One prompt group: ``status`` is ``shaped``, ``disabled`` or ``non_binary``; ``gate`` holds the
+    profile gate (``reason`` one of ``band.GATE_REASONS``) when the agent enables it; ``terms`` maps each
+    additive term (``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
+    ``pass_rate``, ...) and ``band_multipliers`` each band channel to per-row values in row order."""
+
+    group: Any
+    agent: str
+    rows: list[int]
+    status: str
+    gate: dict[str, Any] | None
+    profiled_threshold: float | None
+    rewards: list[float]
+    lengths: dict[str, list[float]]
+    terms: dict[str, list[float]]
+    band_multipliers: dict[str, list[float]]
+    shaped: list[float]
+
+
+def build_records(
+    batch: RolloutBatch,
+    params: AgentParams,
+    processed: torch.Tensor,
+    skipped: torch.Tensor,
+    gate: dict[str, torch.Tensor],
+    profiled_threshold: torch.Tensor,
+    terms: dict[str, torch.Tensor],
+    multipliers: dict[str, torch.Tensor],
+    shaped: torch.Tensor,
+) -> list[GroupRecord]:
+    """One record per group, groups in order of first appearance."""
+    layout = batch.layout
+    order = torch.argsort(layout.gid * layout.num_rows + torch.arange(layout.num_rows)).tolist()
+    starts = (torch.cumsum(layout.sizes, 0) - layout.sizes).tolist()
+    ids = batch.group_index
+    ids = (
+        ids.gid.tolist() if isinstance(ids, GroupLayout) else ids.tolist() if hasattr(ids, "tolist") else ids
+    )
+    rewards, shaped_values = batch.rewards.tolist(), shaped.tolist()
+    lengths = {
+        "reasoning": batch.reasoning_lengths.tolist(),
+        "answer": batch.answer_lengths.tolist(),
+        "total": batch.total_lengths.tolist(),
+    }
+    term_lists = {name: values.tolist() for name, values in terms.items()}
+    band_lists = {name: values.tolist() for name, values in multipliers.items()}
+    gate_on = params["group_length_penalty_profile_gate"].tolist()
+    records = []
+    for group, size in enumerate(layout.sizes.tolist()):
+        rows = order[starts[group] : starts[group] + size]
+        params_of = params.params[int(params.codes[group])]
+        status = "shaped" if processed[group] else "non_binary" if skipped[group] else "disabled"
+        gate_info = None
+        if gate_on[group] and status == "shaped":
+            gate_info = {
+                "channel": params_of.group_length_penalty_profile_gate_channel,
+                "field": params_of.group_length_penalty_profile_gate_field,
+                "positive_only": params_of.group_length_penalty_profile_gate_positive_only,
+                "mean": float(gate["mean"][group]),
+                "limit": float(gate["limit"][group]),
+                "open": bool(gate["open"][group]),
+                "reason": GATE_REASONS[int(gate["reason"][group])],
+            }
+        threshold = float(profiled_threshold[group])
+        records.append(
+            GroupRecord(
+                group=ids[rows[0]],
+                agent=params.names[int(params.codes[group])],
+                rows=rows,
+                status=status,
+                gate=gate_info,
+                profiled_threshold=None if threshold != threshold else threshold,
+                rewards=[rewards[i] for i in rows],
+                lengths={name: [values[i] for i in rows] for name, values in lengths.items()},
+                terms={name: [values[i] for i in rows] for name, values in term_lists.items()},
+                band_multipliers={name: [values[i] for i in rows] for name, values in band_lists.items()},
+                shaped=[shaped_values[i] for i in rows],
+            )
+        )
+    return records
+
+
+def format_group_record(record: GroupRecord) -> str:
+    """A multi-line text of one record: the group line, the gate line, one line per rollout."""
+    lines = [f"length_penalty group={record.group} agent={record.agent} status={record.status}"]
+    if record.gate is not None:
+        gate = record.gate
+        lines.append(
+            f"  profile_gate channel={gate['channel']} field={gate['field']} "
+            f"positive_only={gate['positive_only']} mean={gate['mean']} limit={gate['limit']} "
+            f"open={gate['open']} reason={gate['reason']}"
+        )
+    if record.profiled_threshold is not None:
+        lines.append(f"  profiled_threshold={record.profiled_threshold}")
+    for k, row in enumerate(record.rows):
+        lengths = " ".join(f"{name}_len={values[k]:g}" for name, values in record.lengths.items())
+        terms = " ".join(f"{name}={values[k]:+.4f}" for name, values in record.terms.items() if values[k])
+        bands = " ".join(
+            f"band_{name}={values[k]:.4f}"
+            for name, values in record.band_multipliers.items()
+            if values[k] != 1
+        )
+        parts = [f"  [{k}] row={row} reward={record.rewards[k]:.4f}", lengths, terms, bands]
+        parts.append(f"shaped={record.shaped[k]:.4f}")
+        lines.append(" ".join(part for part in parts if part))
+    return "\n".join(lines)
+
+
+def log_group_records(records: list[GroupRecord], is_main_process: bool = True) -> None:
+    """Log each record at INFO on ``trl_length_plugin`` (main process only)."""
+    if not is_main_process or not logger.isEnabledFor(logging.INFO):
+        return
+    for record in records:
+        logger.info(format_group_record(record))
