@@ -1,0 +1,77 @@
+"""Length shaping in verl (decisions.md §2-3): importing this module registers everything with verl.
+
+``verl_adapter.plugin`` imports it on ``import verl`` (the ``verl.plugins`` entry point), in every process.
+It
+
+1. checks that the installed verl is 0.9.x and still has the hooks used here, failing with a clear
+   message otherwise;
+2. registers the advantage estimator ``length_grpo`` (``verl_adapter.length_advantage``);
+3. puts :class:`~verl_adapter.length_trainer.LengthShapingMixin` in front of each built-in V1 trainer in
+   verl's trainer registry (``sync``, ``colocate_async``, ``separate_async``), so whichever
+   ``trainer.v1.trainer_mode`` a run uses validates and applies the length keys.
+
+See ``docs/verl.md`` for why this hook and for the config keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import verl
+from packaging.version import Version
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.v1 import trainer_base
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+from .length_advantage import compute_length_grpo_advantage
+from .length_config import LENGTH_GRPO
+from .length_trainer import LengthShapingMixin
+
+SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
+#: the built-in V1 trainers that get the mixin
+BUILTIN_TRAINERS = ("sync", "colocate_async", "separate_async")
+#: the verl methods the length shaping overrides, with their parameters in verl 0.9.1
+HOOKS = (
+    (trainer_base.PPOTrainer, "_compute_advantage", ("self", "batch", "metrics")),
+    (trainer_base.PPOTrainer, "_build_replay_buffer", ("self",)),
+    (trainer_base.PPOTrainer, "_init_tokenizer", ("self",)),
+    (ReplayBuffer, "_dapo_filtered_keys", ("self", "partition_id")),
+)
+
+
+def _parameters(cls: type, name: str) -> tuple[str, ...] | None:
+    method = getattr(cls, name, None)
+    return tuple(inspect.signature(method).parameters) if callable(method) else None
+
+
+def check_verl_hooks() -> None:
+    """Raise ImportError naming the expected version when verl is not the one these hooks were written for."""
+    found = Version(verl.__version__)
+    expected = f"verl >={SUPPORTED_VERL[0]},<{SUPPORTED_VERL[1]} (written for 0.9.1)"
+    if not SUPPORTED_VERL[0] <= found < SUPPORTED_VERL[1]:
+        raise ImportError(f"verl_adapter.length_shaping supports {expected}; found verl {verl.__version__}")
+    changed = [f"{cls.__name__}.{name}" for cls, name, params in HOOKS if _parameters(cls, name) != params]
+    if not isinstance(getattr(trainer_base, "TRAINER_REGISTRY", None), dict):
+        changed.append("trainer_base.TRAINER_REGISTRY")
+    if changed:
+        raise ImportError(
+            f"verl {verl.__version__}: the V1 trainer hooks used for length shaping changed ({', '.join(changed)}); "
+            f"this verl_adapter supports {expected}"
+        )
+
+
+def register() -> None:
+    """Register ``length_grpo`` and wrap the built-in V1 trainers (idempotent)."""
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(LENGTH_GRPO) is not compute_length_grpo_advantage:
+        core_algos.register_adv_est(LENGTH_GRPO)(compute_length_grpo_advantage)
+    registry = trainer_base.TRAINER_REGISTRY
+    for name in BUILTIN_TRAINERS:
+        base = registry[name]
+        if not issubclass(base, LengthShapingMixin):
+            registry[name] = type(
+                f"LengthShaping{base.__name__}", (LengthShapingMixin, base), {"__module__": __name__}
+            )
+
+
+check_verl_hooks()
+register()
