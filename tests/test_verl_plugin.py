@@ -191,14 +191,15 @@ def test_length_grpo_refuses_to_run_outside_the_length_shaping_trainer():
 
 
 def test_a_changed_verl_fails_with_a_clear_message(monkeypatch):
+    import verl
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     import verl_adapter.length_shaping as length_shaping
 
-    monkeypatch.setattr(length_shaping.verl, "__version__", "0.10.2")
+    monkeypatch.setattr(verl, "__version__", "0.10.2")
     with pytest.raises(ImportError, match=r"supports verl >=0\.9\.1,<0\.10 .* found verl 0\.10\.2"):
         length_shaping.check_verl_hooks()
-    monkeypatch.setattr(length_shaping.verl, "__version__", "0.9.1")
+    monkeypatch.setattr(verl, "__version__", "0.9.1")
     monkeypatch.setattr(ReplayBuffer, "_dapo_filtered_keys", lambda self, partition_id, refill: None)
     with pytest.raises(
         ImportError, match=r"hooks used for length shaping changed \(ReplayBuffer\._dapo_filtered_keys\)"

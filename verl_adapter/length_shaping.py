@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import inspect
 
-import verl
-from packaging.version import Version
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
+from ._host import EXPECTED, require_supported_verl
 from .length_advantage import compute_length_grpo_advantage
 from .length_config import LENGTH_GRPO
 from .length_trainer import LengthShapingMixin
 
-SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
 #: the built-in V1 trainers that get the mixin
 BUILTIN_TRAINERS = ("sync", "colocate_async", "separate_async")
 #: the verl methods the length shaping overrides, with their parameters in verl 0.9.1
@@ -46,17 +44,14 @@ def _parameters(cls: type, name: str) -> tuple[str, ...] | None:
 
 def check_verl_hooks() -> None:
     """Raise ImportError naming the expected version when verl is not the one these hooks were written for."""
-    found = Version(verl.__version__)
-    expected = f"verl >={SUPPORTED_VERL[0]},<{SUPPORTED_VERL[1]} (written for 0.9.1)"
-    if not SUPPORTED_VERL[0] <= found < SUPPORTED_VERL[1]:
-        raise ImportError(f"verl_adapter.length_shaping supports {expected}; found verl {verl.__version__}")
+    require_supported_verl("verl_adapter.length_shaping")
     changed = [f"{cls.__name__}.{name}" for cls, name, params in HOOKS if _parameters(cls, name) != params]
     if not isinstance(getattr(trainer_base, "TRAINER_REGISTRY", None), dict):
         changed.append("trainer_base.TRAINER_REGISTRY")
     if changed:
         raise ImportError(
-            f"verl {verl.__version__}: the V1 trainer hooks used for length shaping changed ({', '.join(changed)}); "
-            f"this verl_adapter supports {expected}"
+            f"the verl V1 trainer hooks used for length shaping changed ({', '.join(changed)}); "
+            f"this verl_adapter supports {EXPECTED}"
         )
 
 

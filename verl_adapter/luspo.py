@@ -20,15 +20,14 @@ import inspect
 import logging
 
 import verl
-from packaging.version import Version
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
 from trl_length_plugin.losses.luspo import luspo_loss
+from verl_adapter._host import require_supported_verl
 
 logger = logging.getLogger("trl_length_plugin")
 
-SUPPORTED_VERL = (Version("0.9.1"), Version("0.10"))
 #: the keyword arguments verl 0.9.1's ``verl/workers/utils/losses.py:ppo_loss`` passes to a policy loss
 POLICY_LOSS_KEYWORDS = (
     "old_log_prob",
@@ -45,12 +44,7 @@ LUSPO_AGG_MODE = "seq-mean-token-sum"
 
 def check_verl_api() -> None:
     """Fail with a clear message when the installed verl is not the policy-loss API this was written for."""
-    found = Version(verl.__version__)
-    if not SUPPORTED_VERL[0] <= found < SUPPORTED_VERL[1]:
-        raise ImportError(
-            f"verl_adapter.luspo supports verl >={SUPPORTED_VERL[0]},<{SUPPORTED_VERL[1]} (written for 0.9.1); "
-            f"found verl {verl.__version__}. Install 'trl-length-plugin[verl]'."
-        )
+    require_supported_verl("verl_adapter.luspo")
     reference = inspect.signature(core_algos.compute_policy_loss_gspo).parameters
     missing = [name for name in POLICY_LOSS_KEYWORDS if name not in reference]
     has_batch_info = "global_batch_info" in getattr(ActorConfig, "__dataclass_fields__", {})
