@@ -1,0 +1,372 @@
+"""LengthPluginGRPOTrainer on the real GRPOTrainer (trl 1.16, CPU, embedded model): every length algorithm
+and the coefficient switched on through the config give, in a real training step, the engine's output
+for the same gathered batch, and the logged metrics match (decisions.md §2.2-2.5, §2.14-2.15, §3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from tests.trl_length_helpers import (
+    RecordingTrainer,
+    column,
+    deterministic_rollout,
+    expected_shaping,
+    tiny_config,
+)
+from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
+from trl_length_plugin.shaping import METRIC_KEYS
+from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
+from trl_length_plugin.trl_integration import _host as host
+
+BAND = {"total": {"a": 14.0, "b": 30.0, "f": 0.5}}
+
+
+def with_columns(dataset, **columns):
+    """Add per-prompt columns; each value is a function of the row index."""
+    for name, value in columns.items():
+        dataset = dataset.add_column(name, [value(i) for i in range(len(dataset))])
+    return dataset
+
+
+CASES = {
+    "group_relative": ({"default": {"group_total_length_penalty_coeff": 0.2}}, {}),
+    "zmad": (
+        {
+            "default": {
+                "total_zmad_threshold": 0.3,
+                "total_zmad_penalty": 0.1,
+                "reasoning_zmad_threshold": 0.3,
+                "reasoning_zmad_penalty": 0.05,
+            }
+        },
+        {},
+    ),
+    "shortest_bonus_longest_penalty": (
+        {
+            "default": {
+                "total_bonus": 0.1,
+                "reasoning_bonus": 0.05,
+                "longest_total_penalty": 0.1,
+                "longest_answer_penalty": 0.05,
+            }
+        },
+        {},
+    ),
+    "profiled": (
+        {"default": {"profiled_length_penalty": 0.2, "profiled_length_n_std": 0.0}},
+        {
+            "profiled_rewards": lambda i: [1, 1, 0, 1],
+            "profiled_output_lengths": lambda i: [10, 14 + i % 9, 30, 12],
+        },
+    ),
+    "profile_band": (
+        {
+            "default": {"profile_band_total": True},
+            "profile_band": {"enabled": True, "defaults": {"reasoning": {"a": 4.0, "b": 16.0, "f": 0.6}}},
+        },
+        {"profile_band": lambda i: {"total": {**BAND["total"], "a": 8.0 + i % 10}}},
+    ),
+    "profile_gate": (
+        {"default": {"group_total_length_penalty_coeff": 0.2, "group_length_penalty_profile_gate": True}},
+        {"profile_band": lambda i: {"total": {**BAND["total"], "a": 40.0 if i % 8 == 7 else 8.0, "b": 60.0}}},
+    ),
+    "pass_rate": ({"default": {"pass_rate_length_penalty_weight": 0.3}}, {}),
+    "agent_overrides": (
+        {
+            "default": {"group_total_length_penalty_coeff": 0.2},
+            "agent_overrides": {
+                "math": {"length_type": "chars", "total_bonus": 0.1},
+                "judge": {"enabled": False},
+            },
+        },
+        {"agent": lambda i: "judge" if i % 3 == 0 else "math"},
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_algorithm_matches_the_engine(case, tiny_model_dir, tokenizer, tmp_path):
+    block, columns = CASES[case]
+    evaluate = case == "group_relative"
+    args = tiny_config(
+        tmp_path,
+        length_penalty=block,
+        per_device_train_batch_size=16,
+        max_completion_length=48,
+        temperature=0.5,
+        **(dict(eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8) if evaluate else {}),
+    )
+    trainer = RecordingTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=with_columns(make_task_dataset(32), **columns),
+        eval_dataset=make_task_dataset(8, seed=1) if evaluate else None,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    (record,) = [r for r in trainer.records if r.mode == "train"]
+    raw = record.rewards_per_func[:, 0].double()
+    shaped, metrics, _, _ = expected_shaping(record, args, tokenizer)
+    written = raw + record.rewards_per_func[:, column(trainer, "length_penalty")].double()
+    torch.testing.assert_close(written, shaped, rtol=0, atol=1e-6)
+    assert not torch.equal(shaped, raw), f"{case}: the batch gave the algorithm nothing to do"
+    logged = trainer.state.log_history[0]
+    for key in METRIC_KEYS:
+        assert logged[key] == pytest.approx(metrics[key], abs=1e-9), key
+    assert logged["rewards/length_penalty/mean"] == pytest.approx(float((shaped - raw).mean()), abs=1e-6)
+    if evaluate:  # evaluation batches are never shaped and log no length metrics (§2.15)
+        evals = [r for r in trainer.records if r.mode == "eval"]
+        assert evals and all(bool((r.rewards_per_func[:, 1] == 0).all()) for r in evals)
+        eval_logs = [h for h in trainer.state.log_history if "eval_reward" in h]
+        assert eval_logs and not any(k.startswith("eval_length_penalty/") for k in eval_logs[0])
+
+
+def coefficient_plan(question, group, member):
+    """Groups 0..3 of each batch: all correct with varied lengths, all wrong, mixed, all correct and equal."""
+    return [(2 * member, True), (member, False), (member, member % 2 == 0), (3, True)][group % 4]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_coefficient_normalization_and_filter(loss_type, random_model_dir, tmp_path):
+    """The coefficient (§3.1), its group normalization and the non-zero-std filter (§3.3) on TRL's
+    advantages, masks and denominators. Completions come from a deterministic TRL ``rollout_func`` so the
+    batch holds every kind of group; the rest of the step is the real trainer."""
+    tokenizer = load_tokenizer(random_model_dir)
+    args = tiny_config(
+        tmp_path,
+        per_device_train_batch_size=16,
+        length_penalty_coeff=1.0,
+        length_penalty_min_tokens=2,
+        drop_zero_std_groups=True,
+        loss_type=loss_type,
+        length_penalty={"default": {"group_total_length_penalty_coeff": 0.1}},
+    )
+    trainer = RecordingTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=make_task_dataset(32),
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4, coefficient_plan),
+    )
+    trainer.train()
+    (record,) = trainer.records
+    raw = record.rewards_per_func[:, 0].double()
+    shaped, _, advantages, keep = expected_shaping(record, args, tokenizer)
+    torch.testing.assert_close(raw + record.rewards_per_func[:, 1].double(), shaped, rtol=0, atol=1e-6)
+    # dropped: the all-wrong group (all equal) and the all-correct group of equal lengths (range 0)
+    assert keep.tolist() == [True] * 4 + [False] * 4 + [True] * 4 + [False] * 4
+    torch.testing.assert_close(record.output["advantages"].double(), advantages, rtol=0, atol=1e-5)
+    # mixed groups keep TRL's own normalization on the shaped rewards; all-correct groups are only centred
+    mixed = shaped[8:12]
+    stock = (mixed - mixed.mean()) / (mixed.std() + 1e-4)
+    torch.testing.assert_close(record.output["advantages"][8:12].double(), stock, rtol=0, atol=1e-5)
+    correct = shaped[0:4]
+    torch.testing.assert_close(
+        record.output["advantages"][0:4].double(), correct - correct.mean(), rtol=0, atol=1e-6
+    )
+    assert bool((record.output["advantages"][4:8] == 0).all())
+    mask = record.output["completion_mask"]
+    assert bool((mask[~keep] == 0).all()) and bool((mask[keep].sum(1) > 0).all())
+    assert int(record.output["num_items_in_batch"]) == int(mask.sum())
+    logged = trainer.state.log_history[0]
+    assert logged["length_penalty/zero_std_filtered_frac"] == pytest.approx(0.5)
+    assert logged["length_penalty/coeff"] == 1.0
+    # filtered rows leave the denominator: the loss equals stock TRL's loss on the kept rows alone
+    (inputs,) = trainer.loss_inputs
+    kept = (
+        inputs["completion_mask"].sum(1) > 0 if "length_keep" not in inputs else inputs["length_keep"].bool()
+    )
+    rows = kept.numel()
+    subset = {
+        k: v[kept] if torch.is_tensor(v) and v.dim() and v.shape[0] == rows else v for k, v in inputs.items()
+    }
+    subset.pop("length_keep", None)
+    if loss_type == "dapo":
+        assert int(subset["num_items_in_batch"]) == int(subset["completion_mask"].sum())
+    with torch.no_grad():
+        plugin_loss = trainer._compute_loss(trainer.model, inputs)
+        stock_loss = GRPOTrainer._compute_loss(trainer, trainer.model, subset)
+    torch.testing.assert_close(plugin_loss, stock_loss, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_coefficient_log_lines(random_model_dir, tmp_path, caplog):
+    """One ``Length penalty:`` INFO line per rollout from the main process (decisions.md §3.4)."""
+    tokenizer = load_tokenizer(random_model_dir)
+    args = tiny_config(tmp_path, length_penalty_coeff=0.5)
+    trainer = LengthPluginGRPOTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=make_task_dataset(16),
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4),
+    )
+    with caplog.at_level("INFO", logger="trl_length_plugin"):
+        trainer.train()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Length penalty:")]
+    assert len(lines) == 8 and "session_id=step0/group0 rollout_id=0 " in lines[0]
+
+
+@pytest.mark.slow
+def test_warmup_schedule_and_curves(random_model_dir, tmp_path):
+    """``length_penalty_coeff_warmup_steps`` raises c linearly through the callback; the PNG is written."""
+    tokenizer = load_tokenizer(random_model_dir)
+    args = tiny_config(
+        tmp_path,
+        max_steps=3,
+        length_penalty_coeff=1.0,
+        length_penalty_coeff_warmup_steps=2,
+        length_curves_png=True,
+    )
+    trainer = LengthPluginGRPOTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=make_task_dataset(16),
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4),
+    )
+    trainer.train()
+    coeffs = [h["length_penalty/coeff"] for h in trainer.state.log_history if "length_penalty/coeff" in h]
+    assert coeffs == [0.0, 0.5, 1.0]
+    assert (tmp_path / "length_curves.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_nested_metadata_warns_at_setup(random_model_dir, tmp_path, caplog):
+    """Metadata nested under ``extra_env_info`` is ignored, with one warning at setup (decisions.md §2.14)."""
+    nested = with_columns(make_task_dataset(8), extra_env_info=lambda i: {"profile_band": BAND})
+    with caplog.at_level("WARNING", logger="trl_length_plugin"):
+        LengthPluginGRPOTrainer(
+            model=str(random_model_dir),
+            reward_funcs=[correctness_reward],
+            args=tiny_config(tmp_path, length_penalty={"default": {"profile_band_total": True}}),
+            train_dataset=nested,
+            processing_class=load_tokenizer(random_model_dir),
+        )
+    assert sum("extra_env_info" in r.getMessage() for r in caplog.records) == 1
+
+
+# -- rejected at setup, before any model loads (the model path does not exist) -----------------------------
+MISSING_MODEL = "/nonexistent/model"
+
+
+def two_rewards():
+    def format_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    return [correctness_reward, format_reward]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "funcs", "message"),
+    [
+        ({"length_penalty_coeff": 1.0}, two_rewards(), "correctness_reward: required"),
+        ({"length_penalty_coeff": 1.0, "correctness_reward": "nope"}, two_rewards(), "matches no"),
+        (
+            {"correctness_reward": "correctness_reward", "length_penalty_coeff": 1.0},
+            [correctness_reward] * 2,
+            "ambiguous",
+        ),
+        (
+            {
+                "length_penalty_coeff": 1.0,
+                "drop_zero_std_groups": True,
+                "loss_type": "grpo",
+                "entropy_coef": 0.01,
+            },
+            [correctness_reward],
+            "entropy",
+        ),
+    ],
+)
+def test_trainer_rejections_before_model_load(overrides, funcs, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        LengthPluginGRPOTrainer(
+            model=MISSING_MODEL, reward_funcs=funcs, args=tiny_config(tmp_path, **overrides)
+        )
+
+
+def test_named_correctness_reward_among_several(tmp_path):
+    with pytest.raises(OSError):  # the names resolved; only the missing model stops it
+        LengthPluginGRPOTrainer(
+            model=MISSING_MODEL,
+            reward_funcs=two_rewards(),
+            args=tiny_config(tmp_path, length_penalty_coeff=1.0, correctness_reward="correctness_reward"),
+        )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"length_penalty": {"default": {"length_type": "token"}}}, "default.length_type"),
+        ({"length_penalty": {"default": {"totl_bonus": 0.1}}}, "default.totl_bonus"),
+        (
+            {
+                "length_penalty": {
+                    "profile_band": {"enabled": True, "defaults": {"total": {"a": 9, "b": 3, "f": 1}}}
+                }
+            },
+            "profile_band.defaults.total",
+        ),
+        ({"length_penalty": '{"verbose": true, "default": {"top_percentile": 2}}'}, "default.top_percentile"),
+        (
+            {"length_penalty_coeff": 1.0, "multi_objective_aggregation": "normalize_then_sum"},
+            "normalize_then_sum",
+        ),
+        ({"length_penalty_coeff": -1.0}, "length_penalty_coeff"),
+        ({"reasoning_tags": ["<t>", "<t>"]}, "reasoning_tags"),
+    ],
+)
+def test_config_rejections(overrides, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, **overrides)
+
+
+def test_block_from_json_string_and_yaml_file(tmp_path):
+    from_json = tiny_config(tmp_path, length_penalty='{"default": {"total_bonus": 0.1}}')
+    assert from_json.length_penalty == {"default": {"total_bonus": 0.1}}  # stored as a mapping for loggers
+    path = tmp_path / "block.yaml"
+    path.write_text("length_penalty:\n  default:\n    total_bonus: 0.1\n")
+    from_file = tiny_config(tmp_path, length_penalty=str(path))
+    assert from_file.length_penalty_config == from_json.length_penalty_config
+    assert from_file.length_shaping_enabled and "length_penalty_config" not in from_file.to_dict()
+
+
+def test_luspo_flag_sets_the_loss_before_grpo_post_init(tmp_path):
+    args = tiny_config(tmp_path, luspo=True)
+    assert (args.loss_type, args.importance_sampling_level) == ("luspo", "sequence")
+
+
+def test_stock_config_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="LengthPluginGRPOConfig"):
+        LengthPluginGRPOTrainer(
+            model=MISSING_MODEL,
+            reward_funcs=[correctness_reward],
+            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False),
+        )
+
+
+def test_host_check_names_the_trl_version(monkeypatch):
+    import trl
+
+    host.check_trl_host()
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(RuntimeError, match="built for trl==1.16.0"):
+        host.check_trl_host()
+    monkeypatch.setattr(trl, "__version__", "1.16.0")
+    monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", lambda self, inputs, prompts: None)
+    with pytest.raises(RuntimeError, match="_calculate_rewards"):
+        host.check_trl_host()
