@@ -1,4 +1,6 @@
-"""The demo: GRPO with TRL on the embedded model and task, a compact table, and a PNG of the curves.
+"""The demo: GRPO with TRL on the embedded model and task, without and with length shaping.
+
+Each run prints a compact table under a progress bar; a PNG compares the length and accuracy curves.
 
 Run with ``make demo`` (or ``python -m trl_length_plugin.demo``). No Hub access is needed.
 """
@@ -54,25 +56,22 @@ def make_table_callback(total_steps: int):
     return TableCallback()
 
 
-def main(argv: list[str] | None = None) -> Path:
-    args = parse_args(argv)
+SHAPING = dict(
+    length_penalty={"default": {"group_total_length_penalty_coeff": 0.3}},
+    length_penalty_coeff=0.5,
+)
+
+
+def run_arm(name: str, args: argparse.Namespace, model_dir: Path, shaping: dict) -> list[dict]:
+    """One GRPO run on the embedded task; returns the trainer's log history."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    from trl_length_plugin.embedded import (
-        correctness_reward,
-        embedded_model_dir,
-        load_tokenizer,
-        make_task_dataset,
-    )
-    from trl_length_plugin.plotting import plot_training_curves
+    from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
-    print("[demo] preparing the embedded model (built once, then cached)")
-    model_dir = embedded_model_dir(warm_start=True, seed=args.seed)
-    output_dir = Path(args.output_dir)
-    config = GRPOConfig(
-        output_dir=str(output_dir / "run"),
+    config = LengthPluginGRPOConfig(
+        output_dir=str(Path(args.output_dir) / name),
         max_steps=args.steps,
         per_device_train_batch_size=32,
         num_generations=8,
@@ -88,8 +87,9 @@ def main(argv: list[str] | None = None) -> Path:
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
+        **shaping,
     )
-    trainer = GRPOTrainer(
+    trainer = LengthPluginGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         processing_class=load_tokenizer(model_dir),
         reward_funcs=[correctness_reward],
@@ -99,10 +99,35 @@ def main(argv: list[str] | None = None) -> Path:
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
-    print(f"[demo] GRPO for {args.steps} steps: 4 prompts x 8 completions per step")
     trainer.train()
+    return trainer.state.log_history
+
+
+def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
+    values = [row[key] for row in history if key in row][-last:]
+    return sum(values) / len(values)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = parse_args(argv)
+    from trl_length_plugin.embedded import embedded_model_dir
+    from trl_length_plugin.plotting import plot_training_curves
+
+    print("[demo] preparing the embedded model (built once, then cached)")
+    model_dir = embedded_model_dir(warm_start=True, seed=args.seed)
+    arms = {"plain GRPO": {}, "GRPO + length shaping": SHAPING}
+    histories = {}
+    for name, shaping in arms.items():
+        print(f"\n[demo] {name}: {args.steps} steps, 4 prompts x 8 completions per step {shaping or ''}")
+        histories[name] = run_arm(name.replace(" ", "_").replace("+", "with"), args, model_dir, shaping)
+    print(f"\n[demo] last 10 steps{'':<16} {'mean_len':>9} {'accuracy':>9}")
+    for name, history in histories.items():
+        print(
+            f"[demo] {name:<26} {tail_mean(history, 'completions/mean_length'):>9.2f} "
+            f"{tail_mean(history, ACCURACY_KEY):>9.3f}"
+        )
     png = plot_training_curves(
-        trainer.state.log_history, output_dir / "curves.png", title="GRPO on the embedded task"
+        [], Path(args.output_dir) / "curves.png", title="embedded task, same seed", runs=histories
     )
     print(f"[demo] curves written to {png}")
     return png
