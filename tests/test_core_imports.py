@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 HOSTS = [
     "trl",
@@ -27,43 +26,34 @@ CORE_MODULES = [
     "trl_length_plugin.losses.topk_logprobs",
     "trl_length_plugin.vllm_capture",
 ]
+#: a meta-path finder that makes every optional host look uninstalled
+BLOCKER = f"""\
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {HOSTS!r}:
+            raise ImportError(f"blocked optional host {{name}}")
+sys.meta_path.insert(0, Block())
+"""
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
-    )
-
-
-def _blocker(hosts: list[str]) -> str:
-    return f"""
-        import importlib.abc, sys
-        BLOCKED = {hosts!r}
-        class Block(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in BLOCKED:
-                    raise ImportError(f"blocked optional host {{name}}")
-        sys.meta_path.insert(0, Block())
-    """
+    return subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True, text=True, timeout=120)
 
 
 def test_core_imports_without_any_host():
-    imports = "\n".join(f"import {m}" for m in CORE_MODULES)
-    result = _run(_blocker(HOSTS) + imports + "\nprint('ok')")
+    result = _run("".join(f"import {m}\n" for m in CORE_MODULES) + "print('ok')\n")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "ok"
 
 
 def test_missing_host_names_the_extra():
-    code = (
-        _blocker(HOSTS)
-        + """
-        try:
-            from trl_length_plugin.embedded import make_task_dataset
-            make_task_dataset(2)
-        except ImportError as err:
-            print(err)
-    """
-    )
+    code = """\
+try:
+    from trl_length_plugin.embedded import make_task_dataset
+    make_task_dataset(2)
+except ImportError as err:
+    print(err)
+"""
     result = _run(code)
     assert "pip install 'trl-length-plugin[trl]'" in result.stdout, result.stderr[-2000:]

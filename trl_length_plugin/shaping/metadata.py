@@ -10,8 +10,9 @@ it never raises:
 - ``profiled_rewards`` / ``profiled_output_lengths`` (both present) that are not lists or tuples of
   the same length whose values convert to finite floats.
 
-Conversion runs in bulk (list comprehensions and one numpy array per field); the per-entry parser
-below defines what is valid and handles batches holding anything but plain dicts, lists and numbers.
+Conversion runs in bulk, once per distinct metadata object (C-level ``map(dict.get, ...)`` columns and
+one numpy array per field); the per-entry parser below defines what is valid and handles batches holding
+anything but plain dicts, lists and numbers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain, compress, repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -73,6 +75,11 @@ def _column(items: list[Any], key: str) -> list[Any]:
     return [item.get(key) if type(item) is dict else _get(item, key) for item in items]
 
 
+def _given(items: list[Any]) -> np.ndarray:
+    """(n,) flags: the item is not None."""
+    return np.fromiter(map(is_not, items, repeat(None)), dtype=bool, count=len(items))
+
+
 def _band(block: Any) -> tuple[float, float, float] | None | object:
     """A channel block as ``(a, b, f)``, None when absent, ``_INVALID`` when malformed."""
     if block is None or block is _INVALID:
@@ -108,23 +115,23 @@ def _profile(rewards: Any, lengths: Any) -> np.ndarray | None | object:
 
 def _channel_bands(blocks: list[Any], default: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
     """(n, 3) ``a, b, f`` (the default where absent or malformed) and (n,) malformed flags."""
-    if blocks.count(None) == len(blocks):
-        return np.tile(np.array(default, dtype=np.float64), (len(blocks), 1)), np.zeros(
-            len(blocks), dtype=bool
-        )
+    n = len(blocks)
+    values = np.tile(np.array(default, dtype=np.float64), (n, 1))
+    bad = np.zeros(n, dtype=bool)
+    if blocks.count(None) == n:
+        return values, bad
     if set(map(type, blocks)) <= {dict, type(None)}:
-        absent = (None, None, None)
-        rows = [
-            absent if block is None else (block.get("a"), block.get("b"), block.get("f")) for block in blocks
-        ]
-        if set(map(type, chain.from_iterable(rows))) <= {int, float, type(None)}:
-            values = np.array(rows, dtype=np.float64)
-            present = np.array([block is not None for block in blocks], dtype=bool)
-            a, b, f = values.T
+        flags = _given(blocks)
+        present, given_blocks = np.flatnonzero(flags), list(compress(blocks, flags))
+        fields = [_column(given_blocks, key) for key in ("a", "b", "f")]
+        if set(map(type, chain.from_iterable(fields))) <= {int, float, type(None)}:
+            given = np.array(fields, dtype=np.float64).T  # None -> NaN, not finite
+            a, b, f = given.T
             with np.errstate(invalid="ignore"):
-                good = np.isfinite(values).all(1) & (b > a) & (f >= 0) & (f <= 1)
-            values[~(present & good)] = default
-            return values, present & ~good
+                good = np.isfinite(given).all(1) & (b > a) & (f >= 0) & (f <= 1)
+            values[present[good]] = given[good]
+            bad[present[~good]] = True
+            return values, bad
     parsed = [_band(block) for block in blocks]
     values = np.array([default if p is None or p is _INVALID else p for p in parsed], dtype=np.float64)
     return values.reshape(-1, 3), np.array([p is _INVALID for p in parsed], dtype=bool)
@@ -133,10 +140,10 @@ def _channel_bands(blocks: list[Any], default: tuple[float, float, float]) -> tu
 def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
     """Per group: count, sum and sum of squares of the passing profiled lengths, and malformed flags."""
     n = len(rewards)
-    present = [r is not None and x is not None for r, x in zip(rewards, lengths, strict=True)]
+    present = _given(rewards) & _given(lengths)
     given_r, given_x = list(compress(rewards, present)), list(compress(lengths, present))
     flat = None
-    if {type(v) for v in chain(given_r, given_x)} <= {list, tuple}:
+    if set(map(type, given_r)) | set(map(type, given_x)) <= {list, tuple}:
         sizes = list(map(len, given_r))
         if sizes == list(map(len, given_x)):
             flat_r = _floats(list(chain.from_iterable(given_r)))
@@ -162,6 +169,18 @@ def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
     )
 
 
+def _distinct(items: list[Any]) -> tuple[list[Any], torch.Tensor | None]:
+    """The distinct objects (by identity, in order of first appearance) and the index of each item's
+    object, None when all items are distinct, so each object is converted once."""
+    ids = list(map(id, items))
+    unique = dict(zip(ids, items, strict=True))
+    if len(unique) == len(items):
+        return items, None
+    position = {key: i for i, key in enumerate(unique)}
+    inverse = np.fromiter(map(position.__getitem__, ids), dtype=np.int64, count=len(ids))
+    return list(unique.values()), torch.from_numpy(inverse)
+
+
 def group_metadata(
     group_meta: list[Any] | None,
     global_bands: Mapping[str, ProfileBandChannel],
@@ -185,14 +204,11 @@ def group_metadata(
     if not group_meta or group_meta.count(None) == len(group_meta):
         return GroupMetadata(bands, count, total, total_sq, invalid)
 
-    ids = list(map(id, group_meta))
-    unique = dict(zip(ids, group_meta, strict=True))
-    metas = list(unique.values())
-    position = {key: i for i, key in enumerate(unique)}
-    inverse = torch.from_numpy(np.fromiter(map(position.__getitem__, ids), dtype=np.int64, count=len(ids)))
+    metas, inverse = _distinct(group_meta)
 
     def spread(values: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(values).index_select(0, inverse)
+        tensor = torch.from_numpy(values)
+        return tensor if inverse is None else tensor.index_select(0, inverse)
 
     if read_bands:
         band_maps = _column(metas, "profile_band")

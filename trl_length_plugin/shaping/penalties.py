@@ -2,10 +2,11 @@
 
 Per group, in the order of decisions.md §2.6: agent, binary check, profile gate, shortest bonus, longest
 penalty, group-relative scaling and zMAD (at least two positive rollouts), profiled-length penalty,
-pass-rate penalty, sum and clamp at 0, profile-band multipliers. Groups are packed into ``[groups,
-width]`` matrices (``groups.GroupLayout``) and every step is a tensor operation over all of them; the
+pass-rate penalty, sum and clamp at 0, profile-band multipliers. Groups are packed into slot-major ``[width,
+groups]`` matrices (``groups.GroupLayout``) and every step is a tensor operation over all of them; the
 only Python loops run over distinct agents and over bucket widths (one when groups have equal sizes).
-Sums over a group run in row order (``cumsum``) so they equal a plain loop bit for bit.
+The per-channel algorithms run on the channels stacked as ``[width, channel, groups]`` (one pass for all
+channels). Sums over a group run in row order (``groups.row_sum``) so they equal a plain loop bit for bit.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .groups import (
     row_pick,
     row_sorted,
     row_sum,
+    weights,
 )
 from .metadata import METADATA_KEYS, GroupMetadata, group_metadata
 from .records import GroupRecord, build_records
@@ -119,12 +121,27 @@ class _Packed:
     bucket: Bucket
     params: AgentParams
     rewards: torch.Tensor
-    lengths: dict[str, torch.Tensor]
+    lengths: dict[str, torch.Tensor]  # views into ``channel_lengths``
+    channel_lengths: torch.Tensor  # [width, len(CHANNELS), Gb]
     positive: torch.Tensor  # rows of shaped groups with reward > 0
     eligible: torch.Tensor  # positive rows of groups with at least two positives (§2.6)
 
     def p(self, name: str) -> torch.Tensor:
         return self.bucket.take(self.params[name])
+
+    def on(self, name: str) -> bool:
+        """Whether a group of this bucket sets the parameter above 0."""
+        return bool((self.p(name) > 0).any())
+
+    def stacked(self, template: str, channels: list[str]) -> torch.Tensor:
+        """The parameter ``template.format(channel)`` of each channel, (C, Gb)."""
+        return torch.stack([self.p(template.format(channel)) for channel in channels])
+
+    def stacked_lengths(self, channels: list[str]) -> torch.Tensor:
+        """``[width, C, Gb]`` lengths: the channels run through one set of tensor operations."""
+        if tuple(channels) == CHANNELS:
+            return self.channel_lengths
+        return self.channel_lengths[:, [CHANNELS.index(channel) for channel in channels]]
 
 
 def _top_threshold(g: _Packed, n_positive: torch.Tensor) -> torch.Tensor:
@@ -141,57 +158,70 @@ def _top_threshold(g: _Packed, n_positive: torch.Tensor) -> torch.Tensor:
 def _shortest_bonus(g: _Packed, threshold: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
     """§2.7: per channel, the shortest non-empty positive rollout (lowest index on ties) gets the bonus
     when its running adjusted reward (reward plus the bonuses before it) is at least the top threshold."""
+    channels = [channel for channel in CHANNELS if g.on(f"{channel}_bonus")]
+    if not channels:
+        return
+    x = g.stacked_lengths(channels)
+    winners = row_first_extreme(x, g.eligible[:, None] & (x > 0), False)
+    bonus = g.stacked("{}_bonus", channels)
     running = g.rewards
-    for channel in CHANNELS:
-        bonus = g.p(f"{channel}_bonus")
-        if bool((bonus > 0).any()):
-            winner = row_first_extreme(g.lengths[channel], g.eligible & (g.lengths[channel] > 0), False)
-            terms[f"{channel}_bonus"] = (winner & (running >= threshold)) * bonus
-            running = running + terms[f"{channel}_bonus"]
+    for i, channel in enumerate(channels):
+        terms[f"{channel}_bonus"] = weights(winners[:, i] & (running >= threshold)) * bonus[i]
+        running = running + terms[f"{channel}_bonus"]
 
 
 def _longest_penalty(g: _Packed, top: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
     """§2.7: per channel, the longest non-empty top scorer (lowest index on ties) loses the penalty when
     there are at least two such top scorers."""
-    for channel in CHANNELS:
-        penalty = g.p(f"longest_{channel}_penalty")
-        if bool((penalty > 0).any()):
-            candidates = top & (g.lengths[channel] > 0)
-            loser = row_first_extreme(g.lengths[channel], candidates, True)
-            terms[f"longest_{channel}"] = (loser & (row_count(candidates) >= 2)) * -penalty
+    channels = [channel for channel in CHANNELS if g.on(f"longest_{channel}_penalty")]
+    if not channels:
+        return
+    x = g.stacked_lengths(channels)
+    candidates = top[:, None] & (x > 0)
+    loser = row_first_extreme(x, candidates, True)
+    penalty = g.stacked("longest_{}_penalty", channels)
+    lost = weights(loser & (row_count(candidates) >= 2)) * -penalty
+    terms.update({f"longest_{channel}": lost[:, i] for i, channel in enumerate(channels)})
 
 
 def _group_relative(g: _Packed, gate_open: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
     """§2.8: ``coeff * (w - mean(w))``, ``w = 1 - (x - min) / (max - min)`` over the positives (0 when
     all lengths are equal); a closed profile gate zeroes it (§2.13)."""
-    member = g.eligible & gate_open
+    channels = [channel for channel in CHANNELS if g.on(f"group_{channel}_length_penalty_coeff")]
+    if not channels:
+        return
+    member = (g.eligible & gate_open)[:, None]
     count = row_count(member).clamp(min=1)
-    for channel in CHANNELS:
-        coeff = g.p(f"group_{channel}_length_penalty_coeff")
-        if bool((coeff > 0).any()):
-            x = g.lengths[channel]
-            low = row_min(x, member)
-            span = row_max(x, member) - low
-            spread = span > 0
-            weight = (x - low).div_(torch.where(spread, span, 1.0)).neg_().add_(1).mul_(member & spread)
-            terms[f"group_{channel}"] = weight.sub_(row_sum(weight) / count).mul_(coeff).mul_(member)
+    x = g.stacked_lengths(channels)
+    low = row_min(x, member)
+    span = row_max(x, member) - low
+    spread = span > 0
+    weight = (x - low).div_(torch.where(spread, span, 1.0)).neg_().add_(1).mul_(weights(member & spread))
+    coeff = g.stacked("group_{}_length_penalty_coeff", channels)
+    weight.sub_(row_sum(weight) / count).mul_(coeff).mul_(weights(member))
+    terms.update({f"group_{channel}": weight[:, i] for i, channel in enumerate(channels)})
 
 
 def _zmad(g: _Packed, terms: dict[str, torch.Tensor]) -> None:
     """§2.9: subtract the penalty where 0.6745 (x - median) / MAD > threshold among the positives;
     nothing when MAD is 0 or MAD / max(median, 1e-9) < 0.015."""
-    for channel in CHANNELS:
-        threshold, penalty = g.p(f"{channel}_zmad_threshold"), g.p(f"{channel}_zmad_penalty")
-        on = (threshold > 0) & (penalty > 0)
-        if bool(on.any()):
-            member = g.eligible & on
-            count = row_count(member)
-            x = g.lengths[channel]
-            median = row_median(x, member, count)
-            mad = row_median((x - median).abs(), member, count)
-            usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
-            z = (x - median).mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
-            terms[f"zmad_{channel}"] = (member & usable & (z > threshold)) * -penalty
+    channels = [
+        channel
+        for channel in CHANNELS
+        if bool(((g.p(f"{channel}_zmad_threshold") > 0) & (g.p(f"{channel}_zmad_penalty") > 0)).any())
+    ]
+    if not channels:
+        return
+    threshold, penalty = g.stacked("{}_zmad_threshold", channels), g.stacked("{}_zmad_penalty", channels)
+    member = g.eligible[:, None] & (threshold > 0) & (penalty > 0)
+    count = row_count(member)
+    x = g.stacked_lengths(channels)
+    median = row_median(x, member, count)
+    mad = row_median((x - median).abs(), member, count)
+    usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
+    z = (x - median).mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
+    flagged = weights(member & usable & (z > threshold)) * -penalty
+    terms.update({f"zmad_{channel}": flagged[:, i] for i, channel in enumerate(channels)})
 
 
 def _pass_rate(g: _Packed, n_positive: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
@@ -228,9 +258,10 @@ def _shape_bucket(
     processed = valid & shaped_groups
     positive = processed & (clean > 0)
     n_positive = row_count(positive)
-    lengths = {channel: bucket.pack(rows[channel]) for channel in CHANNELS}
+    channel_lengths = bucket.pack(torch.stack([rows[channel] for channel in CHANNELS]))
+    lengths = {channel: channel_lengths[:, i] for i, channel in enumerate(CHANNELS)}
     eligible = positive & (n_positive >= 2)
-    g = _Packed(bucket, params, clean, lengths, positive, eligible)
+    g = _Packed(bucket, params, clean, lengths, channel_lengths, positive, eligible)
 
     gate_open = torch.ones_like(shaped_groups)
     gate_mean = torch.full(gate_open.shape, math.nan, dtype=torch.float64)
