@@ -205,3 +205,18 @@ def test_a_changed_verl_fails_with_a_clear_message(monkeypatch):
         ImportError, match=r"hooks used for length shaping changed \(ReplayBuffer\._dapo_filtered_keys\)"
     ):
         length_shaping.check_verl_hooks()
+
+
+def test_legacy_trainer_refuses_length_shaping():
+    """The legacy ``RayPPOTrainer`` has no group hook: a run that enables shaping there fails at once."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    config = compose_verl(["+length_penalty.default.group_total_length_penalty_coeff=0.1"])
+    with pytest.raises(NotImplementedError, match=r"trainer\.use_v1=false"):
+        RayPPOTrainer(config, tokenizer=None, role_worker_mapping={}, resource_pool_manager=None)
+    plain = compose_verl([])
+    with pytest.raises(
+        Exception
+    ) as err:  # no shaping: verl's own constructor runs (and fails on the dummies)
+        RayPPOTrainer(plain, tokenizer=None, role_worker_mapping={}, resource_pool_manager=None)
+    assert not isinstance(err.value, NotImplementedError)
