@@ -53,6 +53,15 @@ def test_conflicting_loss_type_is_rejected():
         apply_luspo_defaults(grpo_defaults(loss_type="grpo"))
 
 
+def test_importance_sampling_level_other_than_sequence_is_rejected():
+    """LUSPO needs s_i (decisions.md §4.1); GRPOConfig's default ``token`` counts as not set and is replaced."""
+    with pytest.raises(ValueError, match="importance_sampling_level='sequences'"):
+        apply_luspo_defaults(grpo_defaults(importance_sampling_level="sequences"))
+    args = grpo_defaults(importance_sampling_level="token")
+    apply_luspo_defaults(args)
+    assert args.importance_sampling_level == "sequence"
+
+
 def test_runs_before_grpo_post_init(tmp_path):
     """On a real GRPOConfig subclass: applied before __post_init__, so epsilon_high is not copied from epsilon."""
 

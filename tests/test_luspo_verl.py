@@ -306,3 +306,25 @@ def test_version_check_names_the_supported_version(monkeypatch):
     monkeypatch.setattr(verl, "__version__", "0.10.0")
     with pytest.raises(ImportError, match="0.9.1"):
         adapter.check_verl_api()
+
+
+def test_kl_loss_needs_seq_mean_token_sum_at_startup(composed):
+    """The V1 trainer (as verl's TaskRunner builds it, before any worker) refuses ``use_kl_loss`` with an
+    aggregation other than LUSPO's: verl aggregates the KL term with ``actor.loss_agg_mode`` (decisions.md §4.1)."""
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    config = OmegaConf.create(OmegaConf.to_container(composed["luspo"], resolve=False))
+    OmegaConf.update(config, "actor_rollout_ref.actor.use_kl_loss", True)
+    OmegaConf.update(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean")
+    with pytest.raises(ValueError, match=r"use_kl_loss=true.*actor\.loss_agg_mode='seq-mean-token-sum'"):
+        get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+
+
+def test_kl_loss_aggregation_backstop_in_the_loss(composed):
+    policy = TinyPolicy()
+    batch = padded_batch(policy, seed=4)
+    bad = actor_config(composed["luspo"], use_kl_loss=True, loss_agg_mode="token-mean")
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.loss_agg_mode"):
+        run_ppo_loss(bad, policy, batch, [[list(range(6))]])
+    adapter.check_kl_aggregation(True, "seq-mean-token-sum")
+    adapter.check_kl_aggregation(False, "token-mean")

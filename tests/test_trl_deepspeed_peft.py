@@ -55,7 +55,9 @@ def train_and_compare(output_dir: str, model_dir: str, **trainer_kwargs) -> dict
         "peft": type(trainer.model).__name__,
         "max_reward_error": float((written - shaped).abs().max()),
         "max_advantage_error": float((record.output["advantages"].double() - advantages).abs().max()),
-        "filtered_rows_masked": bool((record.output["completion_mask"][~keep] == 0).all()),
+        "filtered_rows_masked": bool(
+            ((record.output["completion_mask"] * record.output["tool_mask"])[~keep] == 0).all()
+        ),
         "changed": bool((shaped != raw).any()),
         "loss_finite": bool(torch.isfinite(torch.tensor(trainer.state.log_history[0]["loss"]))),
     }

@@ -69,7 +69,9 @@ def run_worker(model_dir: str, out_file: str, output_dir: str) -> None:
         "local_rows": len(record.completions),
         "rewards": record.rewards_per_func.tolist(),
         "advantages": gathered(record.output["advantages"]).tolist(),
-        "mask_sums": gathered(record.output["completion_mask"].sum(1)).tolist(),
+        "mask_sums": gathered(
+            (record.output["completion_mask"] * record.output["tool_mask"]).sum(1)
+        ).tolist(),
         "num_items": int(record.output["num_items_in_batch"]),
         "log": {k: v for k, v in trainer.state.log_history[0].items() if k.startswith("length_penalty/")},
         "wrapper_rewards": stock.records[0].rewards_per_func.tolist(),

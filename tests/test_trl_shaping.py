@@ -140,11 +140,14 @@ def coefficient_plan(question, group, member):
 def test_coefficient_normalization_and_filter(loss_type, random_model_dir, tmp_path):
     """The coefficient (§3.1), its group normalization and the non-zero-std filter (§3.3) on TRL's
     advantages, masks and denominators. Completions come from a deterministic TRL ``rollout_func`` so the
-    batch holds every kind of group; the rest of the step is the real trainer."""
+    batch holds every kind of group; the rest of the step is the real trainer. Two accumulation steps: TRL
+    shuffles rows before the micro-batch split, so kept rows land unevenly, and the summed micro-batch
+    losses must still average over the kept rows of the whole generation batch (§3.3, §4.1)."""
     tokenizer = load_tokenizer(random_model_dir)
     args = tiny_config(
         tmp_path,
-        per_device_train_batch_size=16,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
         length_penalty_coeff=1.0,
         length_penalty_min_tokens=2,
         drop_zero_std_groups=True,
@@ -176,28 +179,36 @@ def test_coefficient_normalization_and_filter(loss_type, random_model_dir, tmp_p
         record.output["advantages"][0:4].double(), correct - correct.mean(), rtol=0, atol=1e-6
     )
     assert bool((record.output["advantages"][4:8] == 0).all())
-    mask = record.output["completion_mask"]
+    # filtered rows leave the loss mask through tool_mask; completion_mask (TRL's attention mask) stays whole
+    assert bool((record.output["completion_mask"].sum(1) > 0).all())
+    mask = record.output["completion_mask"] * record.output["tool_mask"]
     assert bool((mask[~keep] == 0).all()) and bool((mask[keep].sum(1) > 0).all())
     assert int(record.output["num_items_in_batch"]) == int(mask.sum())
     logged = trainer.state.log_history[0]
     assert logged["length_penalty/zero_std_filtered_frac"] == pytest.approx(0.5)
     assert logged["length_penalty/coeff"] == 1.0
-    # filtered rows leave the denominator: the loss equals stock TRL's loss on the kept rows alone
-    (inputs,) = trainer.loss_inputs
-    kept = (
-        inputs["completion_mask"].sum(1) > 0 if "length_keep" not in inputs else inputs["length_keep"].bool()
-    )
-    rows = kept.numel()
+    # filtered rows leave the denominator: the summed micro-batch losses equal stock TRL's loss on the kept
+    # rows of the whole generation batch, as one batch (grpo divides it by the accumulation steps once more)
+    micro_batches = list(trainer.loss_inputs)  # _compute_loss below records again
+    kept = [(inputs["completion_mask"] * inputs["tool_mask"]).sum(1) > 0 for inputs in micro_batches]
+    assert [int(k.sum()) for k in kept] != [4, 4]  # uneven: a per-micro-batch rescaling would be wrong
+    rows = kept[0].numel()
     subset = {
-        k: v[kept] if torch.is_tensor(v) and v.dim() and v.shape[0] == rows else v for k, v in inputs.items()
+        key: torch.cat([inputs[key][k] for inputs, k in zip(micro_batches, kept, strict=True)])
+        if torch.is_tensor(value) and value.dim() and value.shape[0] == rows
+        else value
+        for key, value in micro_batches[0].items()
     }
-    subset.pop("length_keep", None)
+    subset.pop("length_keep_scale", None)
     if loss_type == "dapo":
         assert int(subset["num_items_in_batch"]) == int(subset["completion_mask"].sum())
+    accumulation = trainer.current_gradient_accumulation_steps
+    assert accumulation == 2
     with torch.no_grad():
-        plugin_loss = trainer._compute_loss(trainer.model, inputs)
+        plugin_loss = sum(trainer._compute_loss(trainer.model, inputs) for inputs in micro_batches)
         stock_loss = GRPOTrainer._compute_loss(trainer, trainer.model, subset)
-    torch.testing.assert_close(plugin_loss, stock_loss, rtol=1e-5, atol=1e-7)
+    factor = accumulation if loss_type == "grpo" else 1
+    torch.testing.assert_close(plugin_loss, stock_loss * factor, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
@@ -370,3 +381,39 @@ def test_host_check_names_the_trl_version(monkeypatch):
     monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", lambda self, inputs, prompts: None)
     with pytest.raises(RuntimeError, match="_calculate_rewards"):
         host.check_trl_host()
+
+
+def unscorable_first_row(completions, answer, **kwargs):
+    """The embedded correctness reward with ``None`` (TRL: unscorable) on the batch's first row."""
+    scores = correctness_reward(completions, answer, **kwargs)
+    return [None if i == 0 else score for i, score in enumerate(scores)]
+
+
+@pytest.mark.slow
+def test_coefficient_skips_groups_with_an_unscorable_row(random_model_dir, tmp_path):
+    """A group holding a ``None`` correctness reward is skipped whole by the coefficient (decisions.md §2.4),
+    as verl skips it, and keeps TRL's own advantages (its unscorable row gets 0, the rest TRL's normalization);
+    the other groups are still shaped."""
+    tokenizer = load_tokenizer(random_model_dir)
+    args = tiny_config(
+        tmp_path, per_device_train_batch_size=16, length_penalty_coeff=1.0, length_penalty_min_tokens=2
+    )
+    trainer = RecordingTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[unscorable_first_row],
+        args=args,
+        train_dataset=make_task_dataset(32),
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4, coefficient_plan),
+    )
+    trainer.train()
+    (record,) = trainer.records
+    correctness, penalty = record.rewards_per_func[:, 0], record.rewards_per_func[:, 1]
+    assert bool(torch.isnan(correctness[0])) and bool(torch.isnan(penalty[0]))
+    assert penalty[1:4].tolist() == [0.0, 0.0, 0.0]  # all correct, lengths 2..6: shaped if not skipped
+    total = correctness[:4].double()
+    stock = (total - total.nanmean()) / (total[1:].std() + 1e-4)
+    torch.testing.assert_close(
+        record.output["advantages"][:4].double(), stock.nan_to_num(0.0), rtol=0, atol=1e-6
+    )
+    assert bool((penalty[8:12] != 0).any())  # the mixed group is still shaped

@@ -117,3 +117,30 @@ def test_wrapper_rejections():
     )
     with pytest.raises(ValueError, match="length_penalty_weight"):
         wrapper.set_length_schedule("length_penalty_coeff", 1.0)
+
+
+def unscorable_every_third(completions, answer, **kwargs):
+    """The embedded correctness reward with ``None`` (unscorable) on every third row."""
+    scores = correctness_reward(completions, answer, **kwargs)
+    return [None if i % 3 == 0 else score for i, score in enumerate(scores)]
+
+
+@pytest.mark.slow
+def test_eval_without_callback_is_unshaped_and_ungrouped(setup, tmp_path):
+    """Without the callback the wrapper still sees evaluation (through the calling trainer), never groups
+    its rows (groups of ``num_generations_eval``, not ``num_generations``), and keeps unscorable rows ``None``
+    so TRL's eval metrics still treat them as unscorable (decisions.md §2.15)."""
+    tokenizer, common = setup
+    wrapper = LengthPenaltyReward(unscorable_every_third, BLOCK, num_generations=4, tokenizer=tokenizer)
+    stock = RecordingStockTrainer(
+        reward_funcs=[unscorable_every_third, wrapper],
+        args=tiny_config(tmp_path, per_device_eval_batch_size=6, num_generations_eval=2),
+        **{**common, "eval_dataset": make_task_dataset(6, seed=3)},
+    )
+    stock.evaluate()
+    assert stock.records and all(record.mode == "eval" for record in stock.records)
+    for record in stock.records:
+        correctness, penalty = record.rewards_per_func[:, 0], record.rewards_per_func[:, 1]
+        unscorable = torch.isnan(correctness)
+        assert bool(unscorable.any())
+        assert bool(torch.isnan(penalty[unscorable]).all()) and bool((penalty[~unscorable] == 0).all())

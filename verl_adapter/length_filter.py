@@ -6,6 +6,9 @@ finished group with the same :class:`RolloutShaper` as the advantage step and ke
 ``nonzero_std_keep_mask``: an all-correct group survives only when its shaped range exceeds 1e-6, any other
 group only when its shaped rewards are not all equal. Everything else (the classification cache, refills,
 metrics, validation never filtered) is verl's.
+
+Deviation from verl: verl never filters a group of one row (``replay_buffer.py``: ``len(values) > 1``);
+this filter follows §3.3 as written, so a one-row group (its shaped rewards trivially all equal) is dropped.
 """
 
 from __future__ import annotations

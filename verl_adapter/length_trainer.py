@@ -5,8 +5,8 @@
 base class compares it with ``"sync"``) and a ``length_penalty`` block is never silently ignored. A custom
 trainer gets the same behaviour by listing :class:`LengthShapingMixin` first among its bases.
 
-- ``__init__`` validates the length keys (decisions.md §1.3, §2.1) in the TaskRunner, before any worker
-  is launched, with errors naming the key.
+- ``__init__`` validates the length keys (decisions.md §1.3, §2.1) and, for ``loss_mode=luspo``, the KL
+  aggregation (§4.1) in the TaskRunner, before any worker is launched, with errors naming the key.
 - ``_compute_advantage`` (verl calls it once per training step with the sampled groups; validation never
   goes through it, so validation rollouts are never shaped, §2.15) reads the rollouts from TransferQueue,
   runs the engine, writes the shaped scores as ``rm_scores``, lets verl compute advantages (with rollout
@@ -33,6 +33,7 @@ from .length_advantage import raw_scores
 from .length_config import LengthShapingSettings
 from .length_filter import SHAPED_BUFFERS, with_shaped_filter
 from .length_rollouts import RolloutShaper, ShapedScores, padded, row_lengths
+from .luspo import check_kl_aggregation
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -54,6 +55,9 @@ class LengthShapingMixin:
     """Length shaping for a verl V1 ``PPOTrainer`` subclass (list it first among the bases)."""
 
     def __init__(self, config):
+        actor = config.actor_rollout_ref.actor
+        if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
+            check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
         self.length_shaping = LengthShapingSettings.from_verl_config(config)
         self.length_shaper = RolloutShaper(self.length_shaping)
         if self.length_shaping.enabled:

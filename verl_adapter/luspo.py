@@ -11,7 +11,8 @@ micro-batch therefore contributes ``sum_i |y_i| l_i / (global_batch_size / dp_si
 ``(1 / N_seq) sum_i |y_i| l_i`` over the whole mini-batch: verl's ``seq-mean-token-sum`` convention.
 
 ``actor.loss_agg_mode`` is ignored for the policy term (reported once in the log and in the metric
-``actor/luspo_loss_agg_mode_ignored``); verl still applies it to the entropy and KL terms.
+``actor/luspo_loss_agg_mode_ignored``); verl still applies it to the entropy and KL terms, so with
+``actor.use_kl_loss`` it must be ``seq-mean-token-sum`` (:func:`check_kl_aggregation`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ check_verl_api()
 _reported_agg_modes: set[str] = set()
 
 
+def check_kl_aggregation(use_kl_loss: bool, loss_agg_mode: str) -> None:
+    """verl aggregates the KL loss term with ``actor.loss_agg_mode`` (``verl/workers/utils/losses.py``);
+    LUSPO's KL term is summed per sequence and divided by N_seq (decisions.md §4.1), so refuse any other mode."""
+    if use_kl_loss and loss_agg_mode != LUSPO_AGG_MODE:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode=luspo with actor_rollout_ref.actor.use_kl_loss=true "
+            f"needs actor_rollout_ref.actor.loss_agg_mode={LUSPO_AGG_MODE!r} (verl aggregates the KL term with "
+            f"it; decisions.md §4.1), got {loss_agg_mode!r}"
+        )
+
+
 def _report_ignored_agg_mode(loss_agg_mode: str) -> None:
     if loss_agg_mode == LUSPO_AGG_MODE or loss_agg_mode in _reported_agg_modes:
         return
@@ -99,6 +111,7 @@ def compute_policy_loss_luspo(
         raise TypeError(f"luspo: config must be verl's ActorConfig, got {type(config).__name__}")
     clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
     clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    check_kl_aggregation(config.use_kl_loss, config.loss_agg_mode)  # backstop of the trainer's startup check
     _report_ignored_agg_mode(loss_agg_mode)
     loss, core_metrics = luspo_loss(
         log_prob,

@@ -28,11 +28,18 @@ def apply_luspo_defaults(args) -> str:
 
     A field still equal to GRPOConfig's dataclass default (``epsilon_high``: None) counts as not set by the
     user and gets the value of ``LUSPO_SETTINGS``; a field the user set is kept. A user ``loss_type`` other
-    than ``luspo`` contradicts the flag and is rejected. Returns the one-line description for the log.
+    than ``luspo``, or an ``importance_sampling_level`` other than ``sequence`` (TRL's luspo would then use
+    token ratios, not §4.1's s_i), contradicts the flag and is rejected. Returns the one-line description.
     """
     defaults = _grpo_defaults()
     if args.loss_type not in (defaults["loss_type"], "luspo"):
         raise ValueError(f"luspo: true conflicts with loss_type={args.loss_type!r}; drop one of the two keys")
+    level = args.importance_sampling_level
+    if level not in (defaults["importance_sampling_level"], "sequence"):
+        raise ValueError(
+            f"luspo: true conflicts with importance_sampling_level={level!r}: LUSPO uses the sequence ratio "
+            "s_i (decisions.md §4.1); drop importance_sampling_level or set it to 'sequence'"
+        )
     chosen = []
     for name, value in LUSPO_SETTINGS.items():
         if getattr(args, name) == defaults[name]:

@@ -14,9 +14,12 @@ Use it next to the correctness reward::
     GRPOTrainer(..., reward_funcs=[correctness_reward, penalty],
                 callbacks=[LengthPluginCallback(targets=[penalty])])
 
+Evaluation batches are never shaped (§2.15) nor grouped: the column is 0, or ``None`` where the correctness
+reward is ``None``. The wrapper tells them apart by the model of the trainer that calls it (the owner of
+the ``log_metric`` TRL passes), else by the model the callback attached.
+
 Limits of this route: it must stay synchronous (it runs collectives); it calls the correctness function
-a second time; the coefficient and its advantage normalization (§3) need the subclass; without the
-callback it cannot tell evaluation from training batches and shapes both.
+a second time; the coefficient and its advantage normalization (§3) need the subclass.
 """
 
 from __future__ import annotations
@@ -92,12 +95,23 @@ class LengthPenaltyReward:
         """Remember the model so evaluation batches (``model.training`` false) are left unshaped."""
         self.model = model
 
+    def _training(self, log_metric) -> bool:
+        """TRL's own test (``self.model.training`` of the calling trainer, whose bound ``_log_metric`` is
+        ``log_metric``), falling back on the attached model; unknown counts as training."""
+        trainer = getattr(log_metric, "__self__", None)
+        model = getattr(trainer, "model", None)
+        model = self.model if model is None else model
+        return model is None or model.training
+
     # -- the reward function ------------------------------------------------------------------------------
     def __call__(
         self, prompts, completions, completion_ids=None, log_metric=None, **columns
     ) -> list[float | None]:
-        if self.model is not None and not self.model.training:
-            return [0.0] * len(completions)
+        raw = self.correctness(
+            prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
+        )
+        if not self._training(log_metric):
+            return [None if r is None else 0.0 for r in raw]
         if not self._checked_nesting:
             self._checked_nesting = True
             first = {key: values[0] for key, values in columns.items() if isinstance(values, list) and values}
@@ -105,9 +119,6 @@ class LengthPenaltyReward:
             if warning:
                 logger.warning(warning)
         state = PartialState()
-        raw = self.correctness(
-            prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
-        )
         local_correctness = torch.tensor(
             [float("nan") if r is None else float(r) for r in raw], dtype=torch.float64
         )

@@ -7,8 +7,11 @@ Where each piece hooks in (host-trl.md §2, checked against trl 1.16.0, see ``_h
   groups of that gathered batch (§2.2), so TRL's sum, advantages and ``rewards/length_penalty/mean``
   follow. Lengths: channel lengths of the completions (§2.5) and loss-mask token counts (§3.2).
 - ``_generate_and_score_completions``: with the coefficient on, advantages become the §3.3 group
-  normalization of the shaped rewards; with ``drop_zero_std_groups``, filtered groups leave the loss
-  mask and ``num_items_in_batch``; ``_compute_loss`` takes them out of per-sequence denominators.
+  normalization of the shaped rewards (a group with an unscorable row is skipped by the coefficient and
+  keeps TRL's advantages, §2.4); with ``drop_zero_std_groups``, filtered groups leave the loss mask
+  (through ``tool_mask``: ``completion_mask`` is also TRL's attention mask) and ``num_items_in_batch``;
+  ``_compute_loss`` rescales per-sequence losses by one factor per generation batch, so filtered rows
+  leave the global sequence count (§3.3, §4.1).
 - Evaluation batches are never shaped (§2.15).
 """
 
@@ -51,6 +54,13 @@ def length_penalty(prompts, **kwargs):
     return [None] * len(prompts)
 
 
+def unscorable_groups(correctness: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Per row of the gathered batch, whether its group holds a NaN (TRL's ``None``) correctness reward;
+    such groups are skipped whole by the coefficient (decisions.md §2.4), as verl skips them."""
+    nan = torch.isnan(correctness.cpu()).view(-1, num_generations).any(dim=1)
+    return nan.repeat_interleave(num_generations)
+
+
 def reward_name(func) -> str:
     """The name TRL gives a reward function's column (a model path's last component for reward models)."""
     if isinstance(func, str):
@@ -84,6 +94,7 @@ class _AdvantageUpdate:
 
     advantages: torch.Tensor | None  # (N,) global, §3.3 normalization
     keep: torch.Tensor | None  # (N,) bool, non-zero-std filter
+    unscorable: torch.Tensor | None = None  # (N,) bool, rows whose advantages stay TRL's (§2.4)
 
 
 class LengthPluginGRPOTrainer(GRPOTrainer):
@@ -258,7 +269,7 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
                 group_index,
                 self._coeff,
                 self.args.length_penalty_min_tokens,
-                correctness=raw,
+                correctness=raw.masked_fill(unscorable_groups(raw, self.num_generations), torch.nan),
             )
             log_length_coefficient(coefficient, step=self.state.global_step, is_main_process=main)
             shaped = coefficient.rewards
@@ -297,6 +308,7 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
         group_index = torch.arange(total.numel()) // self.num_generations
         update = _AdvantageUpdate(None, None)
         if self._coefficient_on:
+            update.unscorable = unscorable_groups(raw, self.num_generations)
             update.advantages = group_advantages(
                 total,
                 raw,
@@ -321,27 +333,30 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
 
     def _apply_advantage_update(self, output: dict, update: _AdvantageUpdate, rows: int) -> None:
         """Write this rank's part of ``update`` into TRL's batch: advantages, and for filtered groups the
-        loss mask, ``num_items_in_batch`` and the per-row keep weights of ``_compute_loss`` (§3.3)."""
+        loss mask (``tool_mask``), ``num_items_in_batch`` and the loss scale of ``_compute_loss`` (§3.3)."""
         local = slice(self.accelerator.process_index * rows, (self.accelerator.process_index + 1) * rows)
         device = output["advantages"].device
         if update.advantages is not None:
-            output["advantages"] = update.advantages[local].to(
-                device=device, dtype=output["advantages"].dtype
-            )
-            self._logs["advantages"].extend(update.advantages.tolist())
+            advantages = update.advantages[local].to(device=device, dtype=output["advantages"].dtype)
+            unscorable = update.unscorable[local].to(device)
+            output["advantages"] = torch.where(unscorable, output["advantages"], advantages)
+            self._logs["advantages"].extend(self.accelerator.gather(output["advantages"]).tolist())
         if update.keep is not None:
             keep = update.keep[local].to(device)
-            mask = output["completion_mask"] * keep.unsqueeze(1).to(output["completion_mask"].dtype)
-            output["completion_mask"] = mask
-            loss_mask = mask if "tool_mask" not in output else mask * output["tool_mask"]
+            completion_mask = output["completion_mask"]  # also the attention mask: left whole
+            tool_mask = output.get("tool_mask", torch.ones_like(completion_mask))
+            output["tool_mask"] = tool_mask * keep.unsqueeze(1).to(tool_mask.dtype)
+            loss_mask = completion_mask * output["tool_mask"]
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
             if self.loss_type in SEQUENCE_MEAN_LOSSES:
-                output["length_keep"] = keep.float()
+                # one factor for the whole generation batch: rows are shuffled before the micro-batch split
+                scale = update.keep.numel() / update.keep.sum().clamp(min=1)
+                output["length_keep_scale"] = torch.full((rows,), float(scale), device=device)
 
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
-        keep = inputs.get("length_keep")
-        if keep is None:
+        scale = inputs.get("length_keep_scale")
+        if scale is None:
             return loss
-        # per-sequence losses average over the micro-batch's rows; filtered rows leave that count (§3.3)
-        return loss * (keep.numel() / keep.sum().clamp(min=1.0))
+        # per-sequence losses average over all N rows; filtered rows leave that count (§3.3, §4.1)
+        return loss * scale[0]
