@@ -151,9 +151,10 @@ def weights(mask: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Ten
     return mask.view(torch.uint8).to(dtype)
 
 
-def _outside(member: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """``BIG`` where ``member`` is false, 0 elsewhere, in the dtype of ``like``."""
-    return weights(~member, like.dtype).mul_(BIG)
+def _filled(x: torch.Tensor, member: torch.Tensor, fill: float) -> torch.Tensor:
+    """``x + fill`` where ``member`` (broadcastable to ``x``) is false, ``x`` elsewhere."""
+    outside = weights(~member, x.dtype).mul_(fill)
+    return outside.add_(x) if outside.shape == x.shape else x + outside
 
 
 def row_count(member: torch.Tensor) -> torch.Tensor:
@@ -173,12 +174,12 @@ def row_sum(x: torch.Tensor) -> torch.Tensor:
 
 def row_min(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
     """Smallest member value per group; ``BIG`` for a group without members."""
-    return (x + _outside(member, x)).amin(0)
+    return _filled(x, member, BIG).amin(0)
 
 
 def row_max(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
     """Largest member value per group; ``-BIG`` for a group without members."""
-    return (x - _outside(member, x)).amax(0)
+    return _filled(x, member, -BIG).amax(0)
 
 
 def row_first_extreme(x: torch.Tensor, member: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -186,8 +187,8 @@ def row_first_extreme(x: torch.Tensor, member: torch.Tensor, largest: bool) -> t
     lowest row index (slots follow row order); no hit in a group without members."""
     extreme = row_max(x, member) if largest else row_min(x, member)
     hit = (x == extreme) & member
-    slot = torch.arange(x.shape[0], dtype=x.dtype).view(-1, *[1] * (x.dim() - 1))
-    first = weights(~hit, x.dtype).mul_(x.shape[0]).add_(slot).amin(0)  # lowest hit slot
+    slot = torch.arange(x.shape[0], dtype=torch.float32).view(-1, *[1] * (x.dim() - 1))
+    first = weights(~hit, torch.float32).mul_(x.shape[0]).add_(slot).amin(0)  # lowest hit slot (exact)
     return hit & (slot == first)
 
 
@@ -214,12 +215,14 @@ def row_sorted(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
     Up to 16 slots go through a sorting network on whole slot vectors (much faster than ``torch.sort``
     on many short rows); more slots use ``torch.sort``.
     """
-    filled = x + _outside(member, x)
+    filled = _filled(x, member, BIG)
     if filled.shape[0] > 16:
         return torch.sort(filled, dim=0).values
-    slots = list(filled.unbind(0))
-    for i, j in _sorting_network(filled.shape[0]):
-        slots[i], slots[j] = torch.minimum(slots[i], slots[j]), torch.maximum(slots[i], slots[j])
+    slots, spare = list(filled.unbind(0)), torch.empty_like(filled[0])
+    for i, j in _sorting_network(filled.shape[0]):  # in place: the old low slot becomes the spare
+        low = torch.minimum(slots[i], slots[j], out=spare)
+        torch.maximum(slots[i], slots[j], out=slots[j])
+        slots[i], spare = low, slots[i]
     return torch.stack(slots)
 
 

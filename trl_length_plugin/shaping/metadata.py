@@ -71,7 +71,10 @@ def _get(mapping: Any, key: str) -> Any:
 
 
 def _column(items: list[Any], key: str) -> list[Any]:
-    """``item.get(key)`` of each item (None stays None, a non-mapping gives ``_INVALID``)."""
+    """``item.get(key)`` of each item (None stays None, a non-mapping gives ``_INVALID``); one C-level
+    ``map`` when every item is a dict."""
+    if set(map(type, items)) <= {dict}:
+        return list(map(dict.get, items, repeat(key)))
     return [item.get(key) if type(item) is dict else _get(item, key) for item in items]
 
 
@@ -103,6 +106,15 @@ def _floats(values: Any) -> np.ndarray | None:
     return array if array.ndim == 1 else None
 
 
+def _flat_floats(lists: list[Any], count: int) -> np.ndarray | None:
+    """The values of ``lists`` (lists or tuples) concatenated as float64 (the conversion of ``_floats``),
+    None when one does not convert."""
+    try:
+        return np.fromiter(chain.from_iterable(lists), dtype=np.float64, count=count)
+    except (TypeError, ValueError):
+        return None
+
+
 def _profile(rewards: Any, lengths: Any) -> np.ndarray | None | object:
     """The passing profiled lengths, None when either list is absent, ``_INVALID`` when malformed."""
     if rewards is None or lengths is None:
@@ -123,7 +135,7 @@ def _channel_bands(blocks: list[Any], default: tuple[float, float, float]) -> tu
     if set(map(type, blocks)) <= {dict, type(None)}:
         flags = _given(blocks)
         present, given_blocks = np.flatnonzero(flags), list(compress(blocks, flags))
-        fields = [_column(given_blocks, key) for key in ("a", "b", "f")]
+        fields = [list(map(dict.get, given_blocks, repeat(key))) for key in ("a", "b", "f")]
         if set(map(type, chain.from_iterable(fields))) <= {int, float, type(None)}:
             given = np.array(fields, dtype=np.float64).T  # None -> NaN, not finite
             a, b, f = given.T
@@ -144,11 +156,11 @@ def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
     given_r, given_x = list(compress(rewards, present)), list(compress(lengths, present))
     flat = None
     if set(map(type, given_r)) | set(map(type, given_x)) <= {list, tuple}:
-        sizes = list(map(len, given_r))
-        if sizes == list(map(len, given_x)):
-            flat_r = _floats(list(chain.from_iterable(given_r)))
-            flat_x = _floats(list(chain.from_iterable(given_x)))
-            if flat_r is not None and flat_x is not None:
+        sizes = np.fromiter(map(len, given_r), dtype=np.int64, count=len(given_r))
+        if np.array_equal(sizes, np.fromiter(map(len, given_x), dtype=np.int64, count=len(given_x))):
+            flat_r = _flat_floats(given_r, int(sizes.sum()))
+            flat_x = None if flat_r is None else _flat_floats(given_x, flat_r.size)
+            if flat_x is not None:
                 owner = np.repeat(np.flatnonzero(present), sizes)
                 finite = np.isfinite(flat_r) & np.isfinite(flat_x)
                 bad = np.bincount(owner, weights=~finite, minlength=n) > 0

@@ -56,6 +56,7 @@ _CHOICES = {
     "group_length_penalty_profile_gate_channel": BAND_CHANNELS,
     "group_length_penalty_profile_gate_field": GATE_FIELDS,
 }
+_BAND_TO_CHANNEL = torch.tensor([CHANNELS.index(channel) for channel in BAND_CHANNELS])
 TERMS = (
     *(f"{channel}_bonus" for channel in CHANNELS),
     *(f"{kind}_{channel}" for kind in ("longest", "group", "zmad") for channel in CHANNELS),
@@ -155,41 +156,42 @@ def _top_threshold(g: _Packed, n_positive: torch.Tensor) -> torch.Tensor:
     return torch.where(varied, picked, highest)
 
 
-def _shortest_bonus(g: _Packed, threshold: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
+def _shortest_bonus(g: _Packed, threshold: torch.Tensor) -> dict[str, torch.Tensor]:
     """§2.7: per channel, the shortest non-empty positive rollout (lowest index on ties) gets the bonus
     when its running adjusted reward (reward plus the bonuses before it) is at least the top threshold."""
     channels = [channel for channel in CHANNELS if g.on(f"{channel}_bonus")]
     if not channels:
-        return
+        return {}
     x = g.stacked_lengths(channels)
     winners = row_first_extreme(x, g.eligible[:, None] & (x > 0), False)
     bonus = g.stacked("{}_bonus", channels)
-    running = g.rewards
+    running, terms = g.rewards, {}
     for i, channel in enumerate(channels):
-        terms[f"{channel}_bonus"] = weights(winners[:, i] & (running >= threshold)) * bonus[i]
+        terms[f"{channel}_bonus"] = weights(winners[:, i] & (running >= threshold)).mul_(bonus[i])
         running = running + terms[f"{channel}_bonus"]
+    return terms
 
 
-def _longest_penalty(g: _Packed, top: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
+def _longest_penalty(g: _Packed, top: torch.Tensor) -> dict[str, torch.Tensor]:
     """§2.7: per channel, the longest non-empty top scorer (lowest index on ties) loses the penalty when
     there are at least two such top scorers."""
     channels = [channel for channel in CHANNELS if g.on(f"longest_{channel}_penalty")]
     if not channels:
-        return
+        return {}
     x = g.stacked_lengths(channels)
     candidates = top[:, None] & (x > 0)
     loser = row_first_extreme(x, candidates, True)
     penalty = g.stacked("longest_{}_penalty", channels)
-    lost = weights(loser & (row_count(candidates) >= 2)) * -penalty
-    terms.update({f"longest_{channel}": lost[:, i] for i, channel in enumerate(channels)})
+    lost = weights(loser & (row_count(candidates) >= 2)).mul_(-penalty)
+    return {f"longest_{channel}": lost[:, i] for i, channel in enumerate(channels)}
 
 
-def _group_relative(g: _Packed, gate_open: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
+def _group_relative(g: _Packed, gate_open: torch.Tensor) -> dict[str, torch.Tensor]:
     """§2.8: ``coeff * (w - mean(w))``, ``w = 1 - (x - min) / (max - min)`` over the positives (0 when
     all lengths are equal); a closed profile gate zeroes it (§2.13)."""
     channels = [channel for channel in CHANNELS if g.on(f"group_{channel}_length_penalty_coeff")]
     if not channels:
-        return
+        return {}
     member = (g.eligible & gate_open)[:, None]
     count = row_count(member).clamp(min=1)
     x = g.stacked_lengths(channels)
@@ -199,10 +201,10 @@ def _group_relative(g: _Packed, gate_open: torch.Tensor, terms: dict[str, torch.
     weight = (x - low).div_(torch.where(spread, span, 1.0)).neg_().add_(1).mul_(weights(member & spread))
     coeff = g.stacked("group_{}_length_penalty_coeff", channels)
     weight.sub_(row_sum(weight) / count).mul_(coeff).mul_(weights(member))
-    terms.update({f"group_{channel}": weight[:, i] for i, channel in enumerate(channels)})
+    return {f"group_{channel}": weight[:, i] for i, channel in enumerate(channels)}
 
 
-def _zmad(g: _Packed, terms: dict[str, torch.Tensor]) -> None:
+def _zmad(g: _Packed) -> dict[str, torch.Tensor]:
     """§2.9: subtract the penalty where 0.6745 (x - median) / MAD > threshold among the positives;
     nothing when MAD is 0 or MAD / max(median, 1e-9) < 0.015."""
     channels = [
@@ -211,7 +213,7 @@ def _zmad(g: _Packed, terms: dict[str, torch.Tensor]) -> None:
         if bool(((g.p(f"{channel}_zmad_threshold") > 0) & (g.p(f"{channel}_zmad_penalty") > 0)).any())
     ]
     if not channels:
-        return
+        return {}
     threshold, penalty = g.stacked("{}_zmad_threshold", channels), g.stacked("{}_zmad_penalty", channels)
     member = g.eligible[:, None] & (threshold > 0) & (penalty > 0)
     count = row_count(member)
@@ -220,8 +222,8 @@ def _zmad(g: _Packed, terms: dict[str, torch.Tensor]) -> None:
     mad = row_median((x - median).abs(), member, count)
     usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
     z = (x - median).mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
-    flagged = weights(member & usable & (z > threshold)) * -penalty
-    terms.update({f"zmad_{channel}": flagged[:, i] for i, channel in enumerate(channels)})
+    flagged = weights(member & usable & (z > threshold)).mul_(-penalty)
+    return {f"zmad_{channel}": flagged[:, i] for i, channel in enumerate(channels)}
 
 
 def _pass_rate(g: _Packed, n_positive: torch.Tensor, terms: dict[str, torch.Tensor]) -> None:
@@ -242,8 +244,10 @@ def _shape_bucket(
     meta: GroupMetadata,
     limits: torch.Tensor,
     profiled_threshold: torch.Tensor,
+    keep_terms: bool,
 ) -> dict[str, torch.Tensor]:
-    """All algorithms for the groups of one bucket; returns packed row outputs and per-group outputs."""
+    """All algorithms for the groups of one bucket; returns packed row outputs and per-group outputs
+    (the per-algorithm terms and band multipliers only with ``keep_terms``, for verbose records)."""
     valid = bucket.valid
     rewards = bucket.pack(rows["rewards"])
     clean = rewards.nan_to_num(0.0)
@@ -267,8 +271,8 @@ def _shape_bucket(
     gate_mean = torch.full(gate_open.shape, math.nan, dtype=torch.float64)
     gate_reason = torch.zeros(gate_open.shape, dtype=torch.long)
     if params.uses("group_length_penalty_profile_gate"):
-        channel_of = g.p("group_length_penalty_profile_gate_channel")
-        chosen = sum(lengths[ch] * (channel_of == BAND_CHANNELS.index(ch)) for ch in BAND_CHANNELS)
+        channel_of = _BAND_TO_CHANNEL[g.p("group_length_penalty_profile_gate_channel")]
+        chosen = channel_lengths.gather(1, channel_of.expand(bucket.width, 1, -1)).squeeze(1)
         gate_open, gate_mean, gate_reason = profile_gate(
             g.p("group_length_penalty_profile_gate") & shaped_groups,
             bucket.take(limits),
@@ -279,29 +283,38 @@ def _shape_bucket(
         )
 
     terms: dict[str, torch.Tensor] = {}
-    threshold = _top_threshold(g, n_positive)
-    _shortest_bonus(g, threshold, terms)
-    _longest_penalty(g, eligible & (clean >= threshold), terms)
-    _group_relative(g, gate_open, terms)
-    _zmad(g, terms)
     adjustment = torch.zeros_like(clean)
-    for term in terms.values():
-        adjustment.add_(term)
+
+    def add(step: dict[str, torch.Tensor]) -> None:
+        """Sum the terms in algorithm order as each one finishes; keep them only for the verbose records,
+        so each algorithm's ``[width, channel, groups]`` temporaries are freed before the next one."""
+        for term in step.values():
+            adjustment.add_(term)
+        if keep_terms:
+            terms.update(step)
+
+    threshold = _top_threshold(g, n_positive)
+    add(_shortest_bonus(g, threshold))
+    add(_longest_penalty(g, eligible & (clean >= threshold)))
+    add(_group_relative(g, gate_open))
+    add(_zmad(g))
     plp = g.p("profiled_length_penalty")
     if bool((plp > 0).any()):
         limit = bucket.take(profiled_threshold)
         terms["profiled"] = (processed & (lengths["total"] >= limit) & (adjustment >= 0)) * -plp
     _pass_rate(g, n_positive, terms)
     additive = adjustment + terms.get("profiled", 0.0) + terms.get("pass_rate", 0.0)
-    shaped = (clean + additive).clamp(min=0)
+    shaped = additive.add_(clean).clamp_(min=0)
 
     banded = positive & (shaped > 0)  # §2.12: originally correct and still above 0 after the clamp
     multipliers = {}
     for channel in BAND_CHANNELS:
         if params.uses(f"profile_band_{channel}"):
             apply = banded & g.p(f"profile_band_{channel}")
-            multipliers[channel] = band_multiplier(lengths[channel], bucket.take(meta.bands[channel]), apply)
-            shaped = shaped * multipliers[channel]
+            multiplier = band_multiplier(lengths[channel], bucket.take(meta.bands[channel]), apply)
+            shaped.mul_(multiplier)
+            if keep_terms:
+                multipliers[channel] = multiplier
     return {
         "shaped": shaped,
         "processed": processed,
@@ -352,7 +365,10 @@ def apply_length_penalties(
     }
     if batch.multi_component is not None:
         rows["multi_component"] = batch.multi_component
-    parts = [_shape_bucket(b, params, rows, meta, limits, profiled_threshold) for b in layout.buckets]
+    parts = [
+        _shape_bucket(b, params, rows, meta, limits, profiled_threshold, config.verbose)
+        for b in layout.buckets
+    ]
     keys = [  # per-algorithm terms and band multipliers only feed the verbose records
         key
         for key in dict.fromkeys(key for part in parts for key in part)
@@ -360,7 +376,7 @@ def apply_length_penalties(
     ]
     out = {
         key: (layout.per_group if key.startswith("group:") else layout.unpack)(
-            [part.get(key, torch.zeros_like(part["shaped"])) for part in parts]
+            [part[key] if key in part else torch.zeros_like(part["shaped"]) for part in parts]
         )
         for key in keys
     }
