@@ -54,6 +54,7 @@ def train(loss: str, seed: int, args: argparse.Namespace, output_dir: Path) -> l
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_length_plugin.embedded import (
+        CPU_RUN_ARGS,
         correctness_reward,
         embedded_model_dir,
         load_tokenizer,
@@ -76,14 +77,8 @@ def train(loss: str, seed: int, args: argparse.Namespace, output_dir: Path) -> l
         temperature=1.0,
         learning_rate=args.learning_rate,
         lr_scheduler_type="constant",
-        logging_steps=1,
+        **CPU_RUN_ARGS,
         seed=seed,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
     )
     trainer = GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),

@@ -30,6 +30,7 @@ EVAL_PROMPTS = 64
 def train(shaping: bool, steps: int, seed: int, output_dir: str) -> tuple[list[dict], dict]:
     """Train, then evaluate on held-out prompts (never shaped): (per-step logs, eval metrics)."""
     from trl_length_plugin.embedded import (
+        CPU_RUN_ARGS,
         correctness_reward,
         embedded_model_dir,
         load_tokenizer,
@@ -47,13 +48,7 @@ def train(shaping: bool, steps: int, seed: int, output_dir: str) -> tuple[list[d
         max_completion_length=48,
         max_steps=steps,
         seed=seed,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
+        **CPU_RUN_ARGS,
         **(SHAPING if shaping else {}),
     )
     trainer = LengthPluginGRPOTrainer(

@@ -83,7 +83,12 @@ def run(plugin: bool, steps: int, seed: int, output_dir: str) -> tuple[StepClock
     """The step clock and, for the plugin, the CPU time of its own code per step."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_length_plugin.embedded import correctness_reward, embedded_model_dir, load_tokenizer
+    from trl_length_plugin.embedded import (
+        CPU_RUN_ARGS,
+        correctness_reward,
+        embedded_model_dir,
+        load_tokenizer,
+    )
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
     model_dir = embedded_model_dir()
@@ -95,13 +100,7 @@ def run(plugin: bool, steps: int, seed: int, output_dir: str) -> tuple[StepClock
         max_completion_length=48,
         max_steps=steps,
         seed=seed,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
+        **CPU_RUN_ARGS,
     )
     own: dict[int, float] = {}
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOTrainer
 
+from trl_length_plugin.embedded import CPU_RUN_ARGS
 from trl_length_plugin.shaping import (
     RolloutBatch,
     apply_length_coefficient,
@@ -28,13 +29,7 @@ TINY = dict(
     num_generations=4,
     max_completion_length=32,
     max_steps=1,
-    use_cpu=True,
-    bf16=False,
-    report_to="none",
-    save_strategy="no",
-    logging_steps=1,
-    gradient_checkpointing=False,
-    disable_tqdm=True,
+    **CPU_RUN_ARGS,
     seed=0,
 )
 

@@ -67,7 +67,7 @@ def run_arm(name: str, args: argparse.Namespace, model_dir: Path, shaping: dict)
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
+    from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer, make_task_dataset
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
     config = LengthPluginGRPOConfig(
@@ -79,14 +79,8 @@ def run_arm(name: str, args: argparse.Namespace, model_dir: Path, shaping: dict)
         temperature=1.0,
         learning_rate=args.learning_rate,
         lr_scheduler_type="constant",
-        logging_steps=1,
+        **CPU_RUN_ARGS,
         seed=args.seed,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
         **shaping,
     )
     trainer = LengthPluginGRPOTrainer(

@@ -2,6 +2,7 @@
 a tiny chat model and tokenizer, and a synthetic verifiable arithmetic task."""
 
 from trl_length_plugin.embedded.model import (
+    CPU_RUN_ARGS,
     build_model,
     build_tokenizer,
     embedded_model_dir,
@@ -11,6 +12,7 @@ from trl_length_plugin.embedded.model import (
 from trl_length_plugin.embedded.task import correctness_reward, make_task_dataset, score_completion
 
 __all__ = [
+    "CPU_RUN_ARGS",
     "build_model",
     "build_tokenizer",
     "correctness_reward",

@@ -40,6 +40,17 @@ MODEL_CONFIG = dict(
     tie_word_embeddings=True,
 )
 WARM_START = dict(steps=200, batch_size=64, lr=3e-3)
+#: GRPOConfig settings every CPU run on the embedded model shares (demo, benchmarks, tests): fp32, no
+#: checkpointing, a log row per step, nothing saved or reported
+CPU_RUN_ARGS = dict(
+    use_cpu=True,
+    bf16=False,
+    gradient_checkpointing=False,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    disable_tqdm=True,
+)
 
 
 def cache_root() -> Path:
