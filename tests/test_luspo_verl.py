@@ -8,10 +8,7 @@ place of the FSDP engine's forward, which needs a GPU); every verl part is real.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +18,6 @@ import torch
 
 verl = pytest.importorskip("verl")
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from verl.trainer.ppo.core_algos import get_policy_loss_fn  # noqa: E402
@@ -32,39 +28,17 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 import verl_adapter.luspo as adapter  # noqa: E402
+from tests.verl_length_helpers import compose_verl, recipe_overrides  # noqa: E402
 from trl_length_plugin.losses.luspo import luspo_loss  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = {name: REPO / "recipes" / "verl" / f"{name}_qwen2.5-0.5b.sh" for name in ("luspo", "gspo")}
 
 
-def recipe_overrides(script: Path, tmp_path: Path) -> list[str]:
-    """The Hydra overrides a recipe passes to ``python3 -m verl.trainer.main_ppo``, after shell expansion."""
-    shim = tmp_path / "bin"
-    shim.mkdir(exist_ok=True)
-    capture = tmp_path / "argv.json"
-    fake = shim / "python3"
-    fake.write_text(
-        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(capture)!r}, 'w'))\n"
-    )
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "DATA_DIR": "/data/gsm8k"}
-    subprocess.run(["bash", str(script)], check=True, env=env, timeout=60)
-    argv = json.loads(capture.read_text())
-    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
-    return argv[2:]
-
-
-def compose_recipe(overrides: list[str]):
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        return compose(config_name="ppo_trainer", overrides=overrides)
-
-
 @pytest.fixture(scope="module")
 def composed(tmp_path_factory):
     return {
-        name: compose_recipe(recipe_overrides(script, tmp_path_factory.mktemp(name)))
+        name: compose_verl(recipe_overrides(script, tmp_path_factory.mktemp(name)))
         for name, script in RECIPES.items()
     }
 

@@ -11,10 +11,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +26,7 @@ from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
-from tests.verl_length_helpers import compose_verl, make_trainer
+from tests.verl_length_helpers import compose_verl, make_trainer, recipe_overrides
 from verl_adapter.length_advantage import compute_length_grpo_advantage
 from verl_adapter.length_config import LengthShapingSettings
 from verl_adapter.length_filter import ShapedReplayBuffer
@@ -37,23 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes" / "verl"
 PENALTY_RECIPE = RECIPES / "grpo_length_penalty_qwen2.5-0.5b.sh"
 COEFF_RECIPE = RECIPES / "grpo_length_coeff_qwen2.5-0.5b.sh"
-
-
-def recipe_overrides(script: Path, tmp_path: Path) -> list[str]:
-    """The Hydra overrides a recipe passes to ``python3 -m verl.trainer.main_ppo``, after shell expansion."""
-    shim = tmp_path / "bin"
-    shim.mkdir(exist_ok=True)
-    capture = tmp_path / "argv.json"
-    fake = shim / "python3"
-    fake.write_text(
-        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(capture)!r}, 'w'))\n"
-    )
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "DATA_DIR": "/data/gsm8k"}
-    subprocess.run(["bash", str(script)], check=True, env=env, timeout=60)
-    argv = json.loads(capture.read_text())
-    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
-    return argv[2:]
 
 
 def test_fresh_process_import_verl_registers_everything():

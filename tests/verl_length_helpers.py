@@ -10,7 +10,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +43,23 @@ def compose_verl(overrides: list[str]):
     """verl's ``ppo_trainer`` config with ``overrides``, as ``python3 -m verl.trainer.main_ppo`` builds it."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def recipe_overrides(script: Path, tmp_path: Path) -> list[str]:
+    """The Hydra overrides a recipe passes to ``python3 -m verl.trainer.main_ppo``, after shell expansion."""
+    shim = tmp_path / "bin"
+    shim.mkdir(exist_ok=True)
+    capture = tmp_path / "argv.json"
+    fake = shim / "python3"
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(capture)!r}, 'w'))\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}", "DATA_DIR": "/data/gsm8k"}
+    subprocess.run(["bash", str(script)], check=True, env=env, timeout=60)
+    argv = json.loads(capture.read_text())
+    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
+    return argv[2:]
 
 
 def make_trainer(overrides: list[str], tokenizer: Any = None, step: int = 1):
