@@ -157,7 +157,7 @@ class RolloutShaper:
                 correctness,
             )
             shaped_active = result.coefficient.rewards.double()
-            result.metrics.update(coefficient_metrics(result.coefficient))
+            result.metrics.update(result.coefficient.metrics())
             if log:
                 session_ids = [f"step{step}/{uid}" for uid in uids[index]]
                 log_length_coefficient(result.coefficient, step=step, session_ids=session_ids)
@@ -172,11 +172,10 @@ class RolloutShaper:
         generated = torch.split(responses[mask], mask.sum(-1).tolist())
         config = self.settings.penalty
         names = agents.tolist() if agents is not None else [None] * len(index)
-        unit = {name: config.for_agent(name).length_type for name in dict.fromkeys(names)}
         lengths = measure_token_ids(
             [ids.tolist() for ids in generated],
             self.tokenizer,
-            length_type=[unit[name] for name in names],
+            length_type=config.length_types(names),
             reasoning_tags=config.reasoning_tags,
         )
         return {"reasoning_lengths": lengths.reasoning, "answer_lengths": lengths.answer}
@@ -202,14 +201,3 @@ class RowMetadata(Sequence):
         meta = {key: self.columns[key][row] if key in self.columns else None for key in METADATA_KEYS}
         meta = {key: info.get(key) if value is None else value for key, value in meta.items()}
         return meta if any(value is not None for value in meta.values()) else None
-
-
-def coefficient_metrics(result: LengthCoefficientResult) -> dict[str, float]:
-    """The length coefficient's metrics (decisions.md §3), named as the TRL integration names them."""
-    return {
-        "length_penalty/coeff": result.coeff,
-        "length_penalty/coeff_penalized_frac": float((result.multipliers < 1).double().mean()),
-        "length_penalty/coeff_reward_reduction_mean": float(
-            torch.nan_to_num(result.reward_reductions.double()).mean()
-        ),
-    }

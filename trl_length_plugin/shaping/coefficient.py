@@ -26,6 +26,16 @@ class LengthCoefficientResult:
     layout: GroupLayout = field(repr=False)
     group_index: Any = field(repr=False)
 
+    def metrics(self) -> dict[str, float]:
+        """The coefficient's per-rollout metrics (decisions.md §3), logged alike by every adapter."""
+        return {
+            "length_penalty/coeff": self.coeff,
+            "length_penalty/coeff_penalized_frac": float((self.multipliers < 1).double().mean()),
+            "length_penalty/coeff_reward_reduction_mean": float(
+                torch.nan_to_num(self.reward_reductions.double()).mean()
+            ),
+        }
+
 
 def apply_length_coefficient(
     rewards: Any,

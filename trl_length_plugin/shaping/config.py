@@ -8,7 +8,7 @@ pydantic error names the key path (for example ``default.top_percentile`` or
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -148,6 +148,10 @@ class LengthPenaltyConfig(BaseModel):
         if name not in self._resolved:
             self._resolved[name] = self._resolve(name)
         return self._resolved[name]
+
+    def length_types(self, agents: Sequence[str | None]) -> list[str]:
+        """Each row's length unit: its agent's ``length_type`` (decisions.md §2.5)."""
+        return [self.for_agent(agent).length_type for agent in agents]
 
     def _resolve(self, name: str) -> LengthPenaltyParams:
         merged = self.default.model_dump()

@@ -112,8 +112,7 @@ def measure_channels(
 ) -> torch.Tensor:
     """(n, 2) reasoning and answer lengths of this rank's completions in each row's agent's unit (§2.5)."""
     agents = local.agents if local.agents is not None else [None] * len(local.completions)
-    unit = {agent: config.for_agent(agent).length_type for agent in dict.fromkeys(agents)}
-    lengths = measure_lengths(local.completions, [unit[a] for a in agents], tokenizer, reasoning_tags)
+    lengths = measure_lengths(local.completions, config.length_types(agents), tokenizer, reasoning_tags)
     return torch.stack([lengths.reasoning, lengths.answer], dim=1)
 
 

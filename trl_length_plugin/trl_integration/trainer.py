@@ -273,13 +273,8 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
             )
             log_length_coefficient(coefficient, step=self.state.global_step, is_main_process=main)
             shaped = coefficient.rewards
-            metrics["length_penalty/coeff"].append(self._coeff)
-            metrics["length_penalty/coeff_penalized_frac"].append(
-                float((coefficient.multipliers < 1).double().mean())
-            )
-            metrics["length_penalty/coeff_reward_reduction_mean"].append(
-                float(torch.nan_to_num(coefficient.reward_reductions).mean())
-            )
+            for key, value in coefficient.metrics().items():
+                metrics[key].append(value)
         return shaped
 
     def _loss_mask_lengths(self, completion_ids_list) -> torch.Tensor:
