@@ -7,9 +7,15 @@ Each size runs twice: with per-prompt metadata (profiled lengths and a band per 
 Python objects inside the timed call) and with global bands only (no metadata; the profiled penalty
 then has nothing to act on). Measured: the engine's median time; baseline: ``tests/shaping_reference.py``
 on the same batch in the same run. For the largest batch the reference runs on a 65,536-row sub-batch
-and is scaled linearly, which the case name says ("ref 65536 rows x8").
+and is scaled linearly, which the case name says ("ref 65536 rows x8"). Medians of 21 calls.
 
-    python -m bench.bench_shaping [--threads 1] [--sizes 8192,65536,524288]
+The allocator's state decides whether the engine's temporaries are page-faulted in afresh on every
+call, so ``--allocator`` sets it: ``warm`` (default) as a trainer process has it, after one freed 16 MB
+buffer (``warm_allocator``); ``trl`` after two real GRPO steps of ``LengthPluginGRPOTrainer`` on the
+embedded model (needs the ``trl`` extra), the state ``warm`` stands for; ``cold`` in an otherwise
+empty process.
+
+    python -m bench.bench_shaping [--threads 1] [--sizes 8192,65536,524288] [--allocator warm|trl|cold]
 """
 
 from __future__ import annotations
@@ -53,6 +59,47 @@ CONFIG = {
     },
 }
 COEFF = 1.0
+
+
+def warm_allocator() -> None:
+    """Leave glibc's allocator as a trainer process has it: once a freed buffer of a few MB (a weight
+    loaded on CPU, a batch of token ids) has raised its dynamic mmap and trim thresholds, the engine's
+    temporaries are reused from the heap. In an otherwise empty process they are handed back to the OS
+    after every call and page-faulted in again (thousands of faults per call at 65,536 rows)."""
+    torch.empty(2**21, dtype=torch.float64)  # 16 MB: mmapped, freed at once
+
+
+def trl_steps(output_dir: str = "outputs/bench_shaping_trl") -> None:
+    """Two real GRPO steps with length shaping on the embedded model, in this process."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_length_plugin.embedded import (
+        CPU_RUN_ARGS,
+        correctness_reward,
+        embedded_model_dir,
+        load_tokenizer,
+        make_task_dataset,
+    )
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
+
+    model_dir = embedded_model_dir()
+    args = LengthPluginGRPOConfig(
+        output_dir=output_dir,
+        max_steps=2,
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=48,
+        **CPU_RUN_ARGS,
+        seed=0,
+        length_penalty={"default": {"group_total_length_penalty_coeff": 0.3}},
+    )
+    LengthPluginGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir),
+        processing_class=load_tokenizer(model_dir),
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=make_task_dataset(256, seed=0),
+    ).train()
 
 
 def load_reference():
@@ -109,19 +156,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sizes", default="8192,65536,524288")
+    parser.add_argument("--allocator", choices=("warm", "trl", "cold"), default="warm")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    {"warm": warm_allocator, "trl": trl_steps, "cold": lambda: None}[args.allocator]()
     ref = load_reference()
     config = LengthPenaltyConfig.model_validate(CONFIG)
     header(
-        f"length shaping engine vs per-group reference ({args.threads} thread(s); all algorithms + coefficient)"
+        f"length shaping engine vs per-group reference ({args.threads} thread(s), {args.allocator} allocator; "
+        "all algorithms + coefficient)"
     )
     for rows in (int(size) for size in args.sizes.split(",")):
         for group_size in (8, 16):
             rewards, group_index, reasoning, answer, metadata = make_batch(rows, group_size)
             for label, meta in (("per-prompt metadata", metadata), ("global bands only", None)):
                 data = (rewards, group_index, reasoning, answer, meta)
-                measured = timeit(lambda data=data: engine(config, *data), repeat=7, warmup=1)
+                measured = timeit(lambda data=data: engine(config, *data), repeat=21, warmup=1)
                 sub_rows = min(rows, REFERENCE_ROWS)
                 sub = (
                     rewards[:sub_rows].tolist(),

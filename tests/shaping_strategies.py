@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from hypothesis import strategies as st
 
 BINARY = [0.0] * 5 + [1.0] * 7 + [1 - 5e-7, 1 + 2e-7, 4e-7, -3e-7]
@@ -78,7 +79,7 @@ def config_dict(draw):
 
 
 @st.composite
-def metadata_entry(draw, scale=40):
+def metadata_entry(draw, scale=40, numbers="mixed"):
     kind = draw(st.sampled_from(["none", "meta", "meta", "meta", "not_mapping"]))
     if kind == "none":
         return None
@@ -105,8 +106,15 @@ def metadata_entry(draw, scale=40):
     )
     if profile_kind != "absent":
         n = draw(st.integers(0, 6))
-        rewards = draw(st.lists(st.sampled_from([0, 1, 1, 1.0, 0.0]), min_size=n, max_size=n))
-        lengths = draw(st.lists(st.integers(0, 2 * scale), min_size=n, max_size=n))
+        # a batch of plain ints takes the engine's struct fast path, anything else its numpy conversion
+        reward, length = st.sampled_from([0, 1, 1]), st.integers(0, 2 * scale)
+        if numbers == "mixed":
+            reward |= st.sampled_from([1.0, 0.0])
+            if draw(st.integers(0, 3)) == 0:
+                reward |= st.sampled_from([True, False, -1, 0.5, np.int64(1), 2**70])
+                length |= st.sampled_from([1.5, True, np.int64(7), 2**70])
+        rewards = draw(st.lists(reward, min_size=n, max_size=n))
+        lengths = draw(st.lists(length, min_size=n, max_size=n))
         if profile_kind == "mismatch":
             lengths = [*lengths, 3]
         elif profile_kind == "non_number":
@@ -155,11 +163,12 @@ def shaping_batch(draw, uniform=None, shared_metadata=False):
             agents = draw(st.lists(agent, min_size=rows, max_size=rows))
     metadata = None
     if draw(st.booleans()):
+        entry = metadata_entry(scale, draw(st.sampled_from(["ints", "mixed"])))
         if shared_metadata:
-            per_group = {key: draw(metadata_entry(scale)) for key in keys}
+            per_group = {key: draw(entry) for key in keys}
             metadata = [per_group[key] for key in group_index]
         else:
-            metadata = draw(st.lists(metadata_entry(scale), min_size=rows, max_size=rows))
+            metadata = draw(st.lists(entry, min_size=rows, max_size=rows))
     multi = None
     if noisy and draw(st.booleans()):
         multi = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))

@@ -363,3 +363,31 @@ def test_verbose_records_and_log(caplog):
         LengthPenaltyConfig.model_validate({"default": {"total_bonus": 0.1}}),
     )
     assert quiet.groups == []
+
+
+def test_metadata_conversion_paths_agree():
+    """A batch of plain numbers converts in bulk (struct/numpy); one malformed entry sends the whole batch
+    through the per-entry parsers. Both give each well-formed group the same bands and profile."""
+    from trl_length_plugin.shaping.metadata import group_metadata
+
+    good = [
+        {
+            "profiled_rewards": [1, 0, 1, 1][: 2 + g % 3],
+            "profiled_output_lengths": [40 + g, 17, 3 * g, 25][: 2 + g % 3],
+            "profile_band": {"total": {"a": 10 + g, "b": 30.5, "f": 0.5}, "answer": None},
+        }
+        for g in range(6)
+    ] + [None, {"profiled_rewards": (1, 1), "profiled_output_lengths": (2**70, 8)}]
+    malformed = {"profiled_rewards": [1], "profiled_output_lengths": ["seven"], "profile_band": {"total": 3}}
+    bulk = group_metadata(good, {}, len(good))
+    per_entry = group_metadata([*good, malformed], {}, len(good) + 1)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
+    for name in ("profiled_count", "profiled_sum", "profiled_sum_sq"):
+        torch.testing.assert_close(getattr(per_entry, name)[:-1], getattr(bulk, name), **exact)
+    for channel in ("total", "reasoning", "answer"):
+        torch.testing.assert_close(per_entry.bands[channel][:-1], bulk.bands[channel], **exact)
+    assert bulk.profiled_count.tolist() == [1, 2, 3, 1, 2, 3, 0, 2]
+    assert bulk.profiled_sum.tolist() == [40, 44, 73, 43, 56, 85, 0, 2.0**70 + 8]
+    assert bulk.bands["total"][:, 0].tolist()[:6] == [10, 11, 12, 13, 14, 15]
+    assert per_entry.invalid["profiled"].tolist() == [False] * 8 + [True]
+    assert per_entry.invalid["total"].tolist() == [False] * 8 + [True]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -26,11 +27,16 @@ def as_float_tensor(values: Any, name: str) -> torch.Tensor:
     return tensor
 
 
+def finite_nonnegative(values: torch.Tensor) -> bool:
+    """Whether every value is finite and >= 0 (a NaN fails the comparisons)."""
+    return values.numel() == 0 or 0 <= float(values.min()) <= float(values.max()) < math.inf
+
+
 def _lengths(values: Any, name: str, rows: int) -> torch.Tensor:
     lengths = as_float_tensor(values, name).double()
     if lengths.numel() != rows:
         raise ValueError(f"{name} has {lengths.numel()} rows, rewards have {rows}")
-    if not bool(torch.isfinite(lengths).all()) or bool((lengths < 0).any()):
+    if not finite_nonnegative(lengths):
         raise ValueError(f"{name} must be finite and >= 0")
     return lengths
 
@@ -76,7 +82,7 @@ class RolloutBatch:
     def layout(self) -> GroupLayout:
         return GroupLayout.of(self.group_index)
 
-    @property
+    @cached_property
     def total_lengths(self) -> torch.Tensor:
         return self.reasoning_lengths + self.answer_lengths
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .batch import as_float_tensor
+from .batch import as_float_tensor, finite_nonnegative
 from .groups import GroupLayout, row_min
 
 
@@ -59,7 +59,7 @@ def apply_length_coefficient(
     raw = as_float_tensor(rewards, "rewards")
     values = raw.double()
     length = as_float_tensor(lengths, "lengths").double()
-    if length.numel() != values.numel() or not bool(torch.isfinite(length).all()) or bool((length < 0).any()):
+    if length.numel() != values.numel() or not finite_nonnegative(length):
         raise ValueError("lengths must be one finite count >= 0 per reward")
     truth = values if correctness is None else as_float_tensor(correctness, "correctness").double()
     if truth.numel() != values.numel():

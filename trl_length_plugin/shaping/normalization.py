@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from .batch import as_float_tensor
-from .groups import Bucket, GroupLayout, row_count, row_max, row_min, row_sum
+from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_max, row_min, row_sum
 
 ALL_CORRECT_MIN_RANGE = 1e-6  # §3.3
 
@@ -35,7 +35,7 @@ def _inputs(shaped: Any, raw: Any, group_index: Any) -> tuple[torch.Tensor, torc
 
 def _all_correct(bucket: Bucket, raw: torch.Tensor) -> torch.Tensor:
     """Per group: every raw reward is exactly 1.0."""
-    return ((bucket.pack(raw) == 1.0) | ~bucket.valid).all(0)
+    return row_all((bucket.pack(raw) == 1.0) | ~bucket.valid)
 
 
 def group_advantages(
@@ -76,7 +76,7 @@ def group_advantages(
             alone = count == 1
             mixed = mixed.nan_to_num(0.0) * ~alone + single * alone
         all_correct = _all_correct(bucket, truth)
-        all_wrong = ~((bucket.pack(truth) > 0) & bucket.valid).any(0)
+        all_wrong = ~row_any((bucket.pack(truth) > 0) & bucket.valid)
         advantage = mixed.nan_to_num(0.0) * ~all_correct + centred * all_correct
         parts.append(advantage * (valid & ~all_wrong))
     return layout.unpack(parts).to(values.dtype)

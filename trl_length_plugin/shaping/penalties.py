@@ -24,6 +24,7 @@ from .batch import RolloutBatch
 from .config import BAND_CHANNELS, CHANNELS, DEFAULT_AGENT, LengthPenaltyConfig, LengthPenaltyParams
 from .groups import (
     Bucket,
+    row_any,
     row_count,
     row_first_extreme,
     row_max,
@@ -219,9 +220,10 @@ def _zmad(g: _Packed) -> dict[str, torch.Tensor]:
     count = row_count(member)
     x = g.stacked_lengths(channels)
     median = row_median(x, member, count)
-    mad = row_median((x - median).abs(), member, count)
+    deviation = x - median
+    mad = row_median(deviation.abs(), member, count)
     usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
-    z = (x - median).mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
+    z = deviation.mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
     flagged = weights(member & usable & (z > threshold)).mul_(-penalty)
     return {f"zmad_{channel}": flagged[:, i] for i, channel in enumerate(channels)}
 
@@ -257,7 +259,7 @@ def _shape_bucket(
     if "multi_component" in rows:
         non_binary |= bucket.pack(rows["multi_component"], False)
     enabled = bucket.take(params["enabled"])
-    skipped = enabled & (non_binary & valid).any(0)
+    skipped = enabled & row_any(non_binary & valid)
     shaped_groups = enabled & ~skipped
     processed = valid & shaped_groups
     positive = processed & (clean > 0)
