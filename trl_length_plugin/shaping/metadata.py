@@ -73,12 +73,12 @@ def _get(mapping: Any, key: str) -> Any:
     return mapping.get(key) if isinstance(mapping, Mapping) else _INVALID
 
 
-def _column(items: list[Any], key: str) -> list[Any]:
-    """``item.get(key)`` of each item (None stays None, a non-mapping gives ``_INVALID``); one C-level
-    ``map`` when every item is a dict."""
+def _columns(items: list[Any], keys: tuple[str, ...]) -> list[list[Any]]:
+    """Per key, ``item.get(key)`` of each item (None stays None, a non-mapping gives ``_INVALID``); one
+    C-level ``map`` per key when every item is a dict."""
     if set(map(type, items)) <= {dict}:
-        return list(map(dict.get, items, repeat(key)))
-    return [item.get(key) if type(item) is dict else _get(item, key) for item in items]
+        return [list(map(dict.get, items, repeat(key))) for key in keys]
+    return [[item.get(key) if type(item) is dict else _get(item, key) for item in items] for key in keys]
 
 
 def _given(items: list[Any]) -> np.ndarray:
@@ -167,7 +167,9 @@ def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
     """Per group: count, sum and sum of squares of the passing profiled lengths, and malformed flags."""
     n = len(rewards)
     present = _given(rewards) & _given(lengths)
-    given_r, given_x = list(compress(rewards, present)), list(compress(lengths, present))
+    given_r, given_x = rewards, lengths
+    if not present.all():
+        given_r, given_x = list(compress(rewards, present)), list(compress(lengths, present))
     flat = None
     if set(map(type, given_r)) | set(map(type, given_x)) <= {list, tuple}:
         sizes = list(map(len, given_r))
@@ -220,14 +222,14 @@ def group_metadata(
     if not group_meta or group_meta.count(None) == len(group_meta):
         return GroupMetadata(bands, count, total, total_sq, invalid)
 
+    keys = ("profile_band",) * read_bands + ("profiled_rewards", "profiled_output_lengths") * read_profiles
+    columns = dict(zip(keys, _columns(group_meta, keys), strict=True))
     if read_bands:
-        band_maps = _column(group_meta, "profile_band")
-        for ch in BAND_CHANNELS:
-            values, bad = _channel_bands(_column(band_maps, ch), defaults[ch])
+        blocks = _columns(columns["profile_band"], BAND_CHANNELS)
+        for ch, channel_blocks in zip(BAND_CHANNELS, blocks, strict=True):
+            values, bad = _channel_bands(channel_blocks, defaults[ch])
             bands[ch], invalid[ch] = torch.from_numpy(values), torch.from_numpy(bad)
     if read_profiles:
-        profile = _profiles(
-            _column(group_meta, "profiled_rewards"), _column(group_meta, "profiled_output_lengths")
-        )
+        profile = _profiles(columns["profiled_rewards"], columns["profiled_output_lengths"])
         count, total, total_sq, invalid[PROFILED] = map(torch.from_numpy, profile)
     return GroupMetadata(bands, count, total, total_sq, invalid)
