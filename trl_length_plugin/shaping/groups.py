@@ -198,10 +198,12 @@ def row_first_extreme(x: torch.Tensor, member: torch.Tensor, largest: bool) -> t
     """One-hot ``[width, groups]`` mask of the smallest (largest) member, the lowest slot on ties, so the
     lowest row index (slots follow row order); no hit in a group without members."""
     extreme = row_max(x, member) if largest else row_min(x, member)
-    hit = (x == extreme) & member
-    slot = torch.arange(x.shape[0], dtype=torch.float32).view(-1, *[1] * (x.dim() - 1))
-    first = weights(~hit, torch.float32).mul_(x.shape[0]).add_(slot).amin(0)  # lowest hit slot (exact)
-    return hit & (slot == first)
+    hit = (x == extreme).logical_and_(member)
+    found = torch.zeros_like(hit[0])
+    for slot in hit.unbind(0):  # in slot order: keep each group's first hit only
+        slot.logical_and_(~found)
+        found.logical_or_(slot)
+    return hit
 
 
 @functools.cache

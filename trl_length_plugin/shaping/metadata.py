@@ -23,7 +23,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import is_not, itemgetter
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,6 @@ from .config import BAND_CHANNELS, ProfileBandChannel
 PROFILED = "profiled"
 METADATA_KEYS = (*BAND_CHANNELS, PROFILED)  # the names ``invalid`` is keyed by
 _INVALID = object()  # a malformed entry
-_BAND_FIELDS = itemgetter("a", "b", "f")
 
 
 @dataclass
@@ -83,8 +82,9 @@ def _columns(items: list[Any], keys: tuple[str, ...]) -> list[list[Any]]:
 
 def _given(items: list[Any]) -> np.ndarray:
     """(n,) flags: the item is not None."""
-    if items.count(None) == 0:
-        return np.ones(len(items), dtype=bool)
+    missing = items.count(None)
+    if missing in (0, len(items)):
+        return np.full(len(items), missing == 0)
     return np.fromiter(map(is_not, items, repeat(None)), dtype=bool, count=len(items))
 
 
@@ -142,20 +142,18 @@ def _channel_bands(blocks: list[Any], default: tuple[float, float, float]) -> tu
     n = len(blocks)
     values = np.tile(np.array(default, dtype=np.float64), (n, 1))
     bad = np.zeros(n, dtype=bool)
-    if blocks.count(None) == n:
-        return values, bad
     flags = _given(blocks)
+    if not flags.any():
+        return values, bad
     present, given_blocks = np.flatnonzero(flags), list(compress(blocks, flags))
     if set(map(type, given_blocks)) <= {dict}:
-        try:
-            fields = list(chain.from_iterable(map(_BAND_FIELDS, given_blocks)))
-        except KeyError:  # a block without a, b or f
-            fields = [None]
+        a, b, f = (list(map(dict.get, given_blocks, repeat(key))) for key in "abf")
+        fields = a + b + f
         if set(map(type, fields)) <= {int, float}:  # no bool, string or missing value
-            given = np.frombuffer(struct.pack(f"{len(fields)}d", *fields), dtype=np.float64).reshape(-1, 3)
-            a, b, f = given.T
-            good = np.isfinite(given).all(1) & (b > a) & (f >= 0) & (f <= 1)
-            values[present[good]] = given[good]
+            given = np.frombuffer(struct.pack(f"{len(fields)}d", *fields), dtype=np.float64).reshape(3, -1)
+            a, b, f = given
+            good = np.isfinite(given).all(0) & (b > a) & (f >= 0) & (f <= 1)
+            values[present[good]] = given.T[good]
             bad[present[~good]] = True
             return values, bad
     parsed = [_band(block) for block in blocks]
@@ -179,10 +177,11 @@ def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
             if flat_x is not None:
                 owner = np.repeat(np.flatnonzero(present), sizes)
                 finite = np.isfinite(flat_r) & np.isfinite(flat_x)
-                bad = np.zeros(n, dtype=bool)
+                bad, passing = np.zeros(n, dtype=bool), flat_r > 0
                 if not finite.all():
                     bad[owner[~finite]] = True
-                flat = flat_x, owner, (flat_r > 0) & ~bad[owner], bad
+                    passing &= ~bad[owner]
+                flat = flat_x, owner, passing, bad
     if flat is None:  # anything but lists of numbers: one group at a time
         parsed = [_profile(r, x) for r, x in zip(rewards, lengths, strict=True)]
         kept = [p if isinstance(p, np.ndarray) else np.empty(0) for p in parsed]
