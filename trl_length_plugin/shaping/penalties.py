@@ -221,10 +221,11 @@ def _zmad(g: _Packed) -> dict[str, torch.Tensor]:
     x = g.stacked_lengths(channels)
     median = row_median(x, member, count)
     deviation = x - median
-    mad = row_median(deviation.abs(), member, count)
+    above = deviation > 0  # z > threshold > 0 needs it; then |z| is z
+    mad = row_median(deviation.abs_(), member, count)
     usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
     z = deviation.mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
-    flagged = weights(member & usable & (z > threshold)).mul_(-penalty)
+    flagged = weights(member & usable & above & (z > threshold)).mul_(-penalty)
     return {f"zmad_{channel}": flagged[:, i] for i, channel in enumerate(channels)}
 
 
