@@ -11,9 +11,9 @@ it never raises:
   the same length whose values convert to finite floats.
 
 Conversion runs in bulk over the groups (C-level ``map(dict.get, ...)`` columns, one flat list per
-field); integer values, the usual lengths and 0/1 rewards, pack through ``struct`` at C speed and
-anything else converts through numpy. The per-entry parsers below define what is valid and handle
-batches holding anything but plain dicts, lists and numbers.
+field, no Python loop per group); integers, the usual lengths and 0/1 rewards, convert at C speed
+through ``bytes`` or ``struct`` and anything else through numpy. The per-entry parsers below define
+what is valid and handle batches holding anything but plain dicts, lists and numbers.
 """
 
 from __future__ import annotations
