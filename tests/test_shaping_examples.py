@@ -391,3 +391,24 @@ def test_metadata_conversion_paths_agree():
     assert bulk.bands["total"][:, 0].tolist()[:6] == [10, 11, 12, 13, 14, 15]
     assert per_entry.invalid["profiled"].tolist() == [False] * 8 + [True]
     assert per_entry.invalid["total"].tolist() == [False] * 8 + [True]
+
+
+def test_layout_splits_batches_into_buckets_of_at_most_chunk_slots(monkeypatch):
+    """Large batches run bucket by bucket (``groups.CHUNK_SLOTS``); the result does not depend on it."""
+    from trl_length_plugin.shaping import groups as layout_module
+
+    uniform = [g for g in range(10) for _ in range(4)]
+    ragged = [0, 1, 1, 2, 2, 2, 3, 0, 4, 4, 4, 4, 4]
+    config = {"group_total_length_penalty_coeff": 0.2, "total_zmad_threshold": 0.5, "total_zmad_penalty": 0.1}
+    expected = {}
+    for name, groups in (("uniform", uniform), ("ragged", ragged)):
+        rewards = [float(i % 3 != 0) for i in range(len(groups))]
+        totals = [(7 * i) % 11 + 1 for i in range(len(groups))]
+        expected[name] = shape(rewards, totals, config, groups=groups).rewards
+        monkeypatch.setattr(layout_module, "CHUNK_SLOTS", 8)
+        layout = layout_module.GroupLayout(groups)
+        assert all(bucket.width * len(bucket.groups) <= 8 for bucket in layout.buckets)
+        assert sorted(torch.cat([bucket.groups for bucket in layout.buckets]).tolist()) == sorted(set(groups))
+        assert torch.equal(shape(rewards, totals, config, groups=groups).rewards, expected[name])
+        monkeypatch.undo()
+    assert len(layout_module.GroupLayout(uniform).buckets) == 1

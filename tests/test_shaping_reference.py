@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+from unittest import mock
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -28,9 +29,16 @@ from trl_length_plugin.shaping import (
     group_advantages,
     nonzero_std_keep_mask,
 )
+from trl_length_plugin.shaping import groups as group_layout
 
 TOLERANCE = 1e-9
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# small bucket sizes split even these batches into many buckets (views and scattered alike)
+chunk_slots = st.sampled_from([group_layout.CHUNK_SLOTS, group_layout.CHUNK_SLOTS, 1, 4, 16])
+
+
+def buckets_of(slots):
+    return mock.patch.object(group_layout, "CHUNK_SLOTS", slots)
 
 
 def assert_close(actual, expected):
@@ -40,14 +48,15 @@ def assert_close(actual, expected):
 
 
 @settings(SETTINGS, max_examples=2000)
-@given(batch=shaping_batch(), config=config_dict())
-def test_penalties_match_reference(batch, config):
+@given(batch=shaping_batch(), config=config_dict(), slots=chunk_slots)
+def test_penalties_match_reference(batch, config, slots):
     logging.getLogger("trl_length_plugin").setLevel(logging.ERROR)
     rewards, group_index, reasoning, answer, agents, metadata, multi = batch
     cfg = LengthPenaltyConfig.model_validate(config)
-    result = apply_length_penalties(
-        RolloutBatch(rewards, group_index, reasoning, answer, agents, metadata, multi), cfg
-    )
+    with buckets_of(slots):
+        result = apply_length_penalties(
+            RolloutBatch(rewards, group_index, reasoning, answer, agents, metadata, multi), cfg
+        )
     expected, metrics, info = reference_penalties(
         rewards, group_index, reasoning, answer, cfg, agents, metadata, multi
     )
@@ -76,11 +85,13 @@ def test_penalties_match_reference(batch, config):
     coeff=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
     min_tokens=st.sampled_from([0, 1, 5, 30]),
     separate_correctness=st.booleans(),
+    slots=chunk_slots,
 )
-def test_coefficient_matches_reference(batch, coeff, min_tokens, separate_correctness):
+def test_coefficient_matches_reference(batch, coeff, min_tokens, separate_correctness, slots):
     rewards, group_index, reasoning, _, _, _, _ = batch
     correctness = [1.0 if r == 1.0 else 0.0 for r in rewards] if separate_correctness else None
-    result = apply_length_coefficient(rewards, reasoning, group_index, coeff, min_tokens, correctness)
+    with buckets_of(slots):
+        result = apply_length_coefficient(rewards, reasoning, group_index, coeff, min_tokens, correctness)
     shaped, multipliers = reference_coefficient(
         rewards, reasoning, group_index, coeff, min_tokens, correctness
     )
@@ -97,24 +108,28 @@ def test_coefficient_matches_reference(batch, coeff, min_tokens, separate_correc
     std_eps=st.sampled_from([1e-4, 1e-6]),
     std_scope=st.sampled_from(["group", "batch"]),
     single_row_stats=st.sampled_from([None, (0.0, 1.0)]),
+    slots=chunk_slots,
 )
-def test_normalization_matches_reference(batch, coeff, scale_by_std, std_eps, std_scope, single_row_stats):
+def test_normalization_matches_reference(
+    batch, coeff, scale_by_std, std_eps, std_scope, single_row_stats, slots
+):
     rewards, group_index, reasoning, _, _, _, _ = batch
-    shaped = apply_length_coefficient(rewards, reasoning, group_index, coeff).rewards.tolist()
-    advantages = group_advantages(
-        shaped,
-        rewards,
-        group_index,
-        scale_by_std,
-        std_eps,
-        std_scope=std_scope,
-        single_row_stats=single_row_stats,
-    )
+    with buckets_of(slots):
+        shaped = apply_length_coefficient(rewards, reasoning, group_index, coeff).rewards.tolist()
+        advantages = group_advantages(
+            shaped,
+            rewards,
+            group_index,
+            scale_by_std,
+            std_eps,
+            std_scope=std_scope,
+            single_row_stats=single_row_stats,
+        )
+        keep = nonzero_std_keep_mask(shaped, rewards, group_index)
     expected = reference_advantages(
         shaped, rewards, group_index, scale_by_std, std_eps, std_scope, single_row_stats
     )
     assert_close(advantages.tolist(), expected)
-    keep = nonzero_std_keep_mask(shaped, rewards, group_index)
     assert keep.tolist() == reference_keep(shaped, rewards, group_index)
 
 

@@ -2,10 +2,12 @@
 
 Rows are grouped by any hashable id; rows of a group need not be adjacent and groups may differ in size.
 ``GroupLayout`` packs the rows into slot-major ``[width, groups]`` matrices, one per power-of-two
-width (a single one when groups have equal sizes), each row in a slot of its group in row order. Every
+width (a single one when groups have equal sizes), each row in a slot of its group in row order, and
+splits them into buckets of at most ``CHUNK_SLOTS`` slots, so temporaries stay a few MB however large
+the batch (larger ones are handed back to the OS and page-faulted in again on every call). Every
 algorithm then runs on whole matrices: per-group values are ``(groups,)`` vectors that broadcast over
 the slots, and reductions run over dimension 0 (whole contiguous vectors, much faster on CPU than
-reducing many short rows). No loop runs over groups.
+reducing many short rows). No loop runs over groups or rows; one runs over buckets.
 
 The ``row_*`` helpers reduce a ``[width, groups]`` matrix over the slots selected by a boolean mask.
 Masks are applied arithmetically (``BIG`` stands in for infinity) because ``torch.where`` on boolean
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 BIG = 1e300  # larger than any length or reward, small enough that BIG + x == BIG stays finite
+CHUNK_SLOTS = 131_072  # slots per bucket: a [8, 3, 16384] float64 matrix is 3 MB
 
 
 def dense_group_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -46,15 +49,17 @@ def dense_group_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.
 
 @dataclass(frozen=True)
 class Bucket:
-    """The groups (``groups``, (Gb,)) whose size fits ``width``; ``rows``/``slots`` place each of their
-    rows in the flattened ``[width, Gb]`` matrix (both ``None`` when the bucket is the whole batch in
-    row order); ``valid`` marks the slots holding a row."""
+    """Groups (``groups``, (Gb,)) whose size fits ``width``; ``rows``/``slots`` place each of their rows in
+    the flattened ``[width, Gb]`` matrix; ``valid`` marks the slots holding a row. A *view* bucket
+    (``rows`` and ``slots`` None) holds the consecutive groups from ``first_group`` of a batch whose
+    groups all have ``width`` rows, in order: its rows are a slice of the batch."""
 
     width: int
     groups: torch.Tensor
     rows: torch.Tensor | None
     slots: torch.Tensor | None
     valid: torch.Tensor
+    first_group: int = 0
 
     @property
     def is_view(self) -> bool:
@@ -65,14 +70,18 @@ class Bucket:
         ``fill``; stacked channels ``(C, rows)`` give ``[width, C, Gb]`` in one copy."""
         lead = values.shape[:-1]
         if self.rows is None:
-            return values.view(*lead, -1, self.width).movedim(-1, 0).contiguous()
+            start = self.first_group * self.width
+            span = values[..., start : start + self.width * self.groups.numel()]
+            return span.reshape(*lead, -1, self.width).movedim(-1, 0).contiguous()
         packed = values.new_full((*lead, self.width * self.groups.numel()), fill)
         packed[..., self.slots] = values.index_select(-1, self.rows)
         return packed.view(*lead, self.width, -1).movedim(-2, 0).contiguous()
 
     def take(self, per_group: torch.Tensor) -> torch.Tensor:
         """The entries of a per-group tensor for this bucket's groups."""
-        return per_group if self.rows is None else per_group.index_select(0, self.groups)
+        if self.rows is None:
+            return per_group[self.first_group : self.first_group + self.groups.numel()]
+        return per_group.index_select(0, self.groups)
 
 
 class GroupLayout:
@@ -108,19 +117,32 @@ class GroupLayout:
         if self.num_groups:
             smallest, largest = (int(size) for size in torch.aminmax(self.sizes))
             if self._ordered and smallest == largest and largest & (largest - 1) == 0:
-                # groups of one power-of-two size, rows in group order: the batch itself is the matrix
-                valid = torch.ones(largest, self.num_groups, dtype=torch.bool)
-                return [Bucket(largest, torch.arange(self.num_groups), None, None, valid)]
+                # groups of one power-of-two size, rows in group order: slices of the batch are the matrices
+                per_bucket = max(1, CHUNK_SLOTS // largest)
+                return [
+                    Bucket(
+                        largest, groups, None, None, torch.ones(largest, len(groups), dtype=torch.bool), start
+                    )
+                    for start, groups in zip(
+                        range(0, self.num_groups, per_bucket),
+                        torch.arange(self.num_groups).split(per_bucket),
+                        strict=True,
+                    )
+                ]
         widths = torch.ones_like(self.sizes)
         big = self.sizes > 1
         widths[big] = 2 ** torch.ceil(torch.log2(self.sizes[big].double())).long()
-        buckets = []
+        chunks, bucket_of, local = [], torch.empty_like(self.sizes), torch.empty_like(self.sizes)
         for width in torch.unique(widths).tolist():
-            in_bucket = widths == width
-            groups = torch.nonzero(in_bucket).flatten()
-            local = torch.full((self.num_groups,), -1, dtype=torch.long)
-            local[groups] = torch.arange(groups.numel())
-            rows = torch.nonzero(in_bucket[self.gid]).flatten()
+            for groups in torch.nonzero(widths == width).flatten().split(max(1, CHUNK_SLOTS // width)):
+                bucket_of[groups], local[groups] = len(chunks), torch.arange(groups.numel())
+                chunks.append((width, groups))
+        row_bucket = bucket_of[self.gid]
+        rows_of = torch.argsort(row_bucket, stable=True).split(
+            torch.bincount(row_bucket, minlength=len(chunks)).tolist()
+        )
+        buckets = []
+        for (width, groups), rows in zip(chunks, rows_of, strict=True):
             slots = self.position[rows] * groups.numel() + local[self.gid[rows]]
             valid = torch.zeros(width * groups.numel(), dtype=torch.bool)
             valid[slots] = True
@@ -132,8 +154,8 @@ class GroupLayout:
         batch gives an empty ``dtype`` tensor."""
         if not parts:
             return torch.empty(0, dtype=dtype)
-        if len(parts) == 1 and self.buckets[0].is_view:
-            return parts[0].t().reshape(-1)
+        if self.buckets[0].is_view:  # then all are, in row order
+            return torch.cat([part.t().reshape(-1) for part in parts])
         out = parts[0].new_empty(self.num_rows)
         for bucket, part in zip(self.buckets, parts, strict=True):
             out[bucket.rows] = part.reshape(-1).index_select(0, bucket.slots)
@@ -141,8 +163,8 @@ class GroupLayout:
 
     def per_group(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """A per-group tensor from one (Gb,) tensor per bucket."""
-        if len(parts) == 1 and self.buckets[0].is_view:
-            return parts[0]
+        if self.buckets[0].is_view:  # then all are, in group order
+            return torch.cat(parts)
         out = parts[0].new_empty((self.num_groups, *parts[0].shape[1:]))
         for bucket, part in zip(self.buckets, parts, strict=True):
             out[bucket.groups] = part
