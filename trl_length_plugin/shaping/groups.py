@@ -155,7 +155,8 @@ class GroupLayout:
         if not parts:
             return torch.empty(0, dtype=dtype)
         if self.buckets[0].is_view:  # then all are, in row order
-            return torch.cat([part.t().reshape(-1) for part in parts])
+            rows = [part.t().reshape(-1) for part in parts]
+            return rows[0] if len(rows) == 1 else torch.cat(rows)
         out = parts[0].new_empty(self.num_rows)
         for bucket, part in zip(self.buckets, parts, strict=True):
             out[bucket.rows] = part.reshape(-1).index_select(0, bucket.slots)
@@ -164,7 +165,7 @@ class GroupLayout:
     def per_group(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """A per-group tensor from one (Gb,) tensor per bucket."""
         if self.buckets[0].is_view:  # then all are, in group order
-            return torch.cat(parts)
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
         out = parts[0].new_empty((self.num_groups, *parts[0].shape[1:]))
         for bucket, part in zip(self.buckets, parts, strict=True):
             out[bucket.groups] = part
