@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,37 +70,13 @@ def warm_allocator() -> None:
     torch.empty(2**21, dtype=torch.float64)  # 16 MB: mmapped, freed at once
 
 
-def trl_steps(output_dir: str = "outputs/bench_shaping_trl") -> None:
-    """Two real GRPO steps with length shaping on the embedded model, in this process."""
-    from transformers import AutoModelForCausalLM
+def trl_steps() -> None:
+    """Two real GRPO steps with length shaping on the embedded model (``bench_trl_effect.train``), in
+    this process."""
+    from bench.bench_trl_effect import train
 
-    from trl_length_plugin.embedded import (
-        CPU_RUN_ARGS,
-        correctness_reward,
-        embedded_model_dir,
-        load_tokenizer,
-        make_task_dataset,
-    )
-    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
-
-    model_dir = embedded_model_dir()
-    args = LengthPluginGRPOConfig(
-        output_dir=output_dir,
-        max_steps=2,
-        per_device_train_batch_size=32,
-        num_generations=8,
-        max_completion_length=48,
-        **CPU_RUN_ARGS,
-        seed=0,
-        length_penalty={"default": {"group_total_length_penalty_coeff": 0.3}},
-    )
-    LengthPluginGRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(model_dir),
-        processing_class=load_tokenizer(model_dir),
-        reward_funcs=[correctness_reward],
-        args=args,
-        train_dataset=make_task_dataset(256, seed=0),
-    ).train()
+    with tempfile.TemporaryDirectory() as output_dir:
+        train(shaping=True, steps=2, seed=0, output_dir=output_dir)
 
 
 def load_reference():
