@@ -1,6 +1,6 @@
 """Slow, obviously correct reference of the length shaping: plain Python, float64, one loop per group.
 
-Written from decisions.md §2-3 independently of the vectorized engine in ``trl_length_plugin.shaping``;
+Written from docs/reference (length-penalties.md §2, length-coefficient.md §3) independently of the vectorized engine in ``trl_length_plugin.shaping``;
 the tests compare the two on random batches (tests/test_shaping_reference.py) and the benchmark times
 the engine against it (bench/bench_shaping.py).
 """
@@ -8,13 +8,18 @@ the engine against it (bench/bench_shaping.py).
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping
 
+import numpy as np
+import torch
+
 CHANNELS = ("reasoning", "answer", "total")
 BAND_ORDER = ("total", "reasoning", "answer")
 GATE_FIELDS = ("a", "b", "f")
+MAX_LENGTH = 2.0**53
 
 
 def groups_in_order(group_index):
@@ -26,7 +31,7 @@ def groups_in_order(group_index):
 
 
 def resolve_params(config, agent):
-    """decisions.md §2.3 and §2.12: default, implicit global band channels, then the override's set keys."""
+    """Reference §2.3 and §2.12: default, implicit global band channels, then the override's set keys."""
     params = config.default.model_dump()
     for channel in global_bands(config):
         if f"profile_band_{channel}" not in config.default.model_fields_set:
@@ -49,15 +54,35 @@ def global_bands(config):
     return found
 
 
-def is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def converts_to_finite(value):
+def as_number(value, bools=False):
+    """A finite real number (Python, numpy or 0-d array/tensor scalar) as a float, else None; a bool is a
+    number only with ``bools``."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        if value.ndim != 0:
+            return None
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)):
+        return float(value) if bools else None
+    if not isinstance(value, numbers.Real):
+        return None
     try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def as_length(value):
+    number = as_number(value)
+    return number if number is not None and abs(number) <= MAX_LENGTH else None
+
+
+def as_list(values):
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    if isinstance(values, (np.ndarray, torch.Tensor)) and values.ndim == 1:
+        return values.tolist()
+    return None
 
 
 def read_band(block):
@@ -66,12 +91,24 @@ def read_band(block):
         return None
     if not isinstance(block, Mapping):
         return "invalid"
-    a, b, f = block.get("a"), block.get("b"), block.get("f")
-    if not (is_number(a) and is_number(b) and is_number(f)):
+    a, b, f = as_length(block.get("a")), as_length(block.get("b")), as_number(block.get("f"))
+    if a is None or b is None or f is None:
         return "invalid"
     if b <= a or f < 0 or f > 1:
         return "invalid"
-    return (float(a), float(b), float(f))
+    return (a, b, f)
+
+
+def read_profile(rewards, lengths):
+    """The passing profiled lengths, or "invalid"."""
+    r, x = as_list(rewards), as_list(lengths)
+    if r is None or x is None or len(r) != len(x):
+        return "invalid"
+    r = [as_number(v, bools=True) for v in r]
+    x = [as_length(v) for v in x]
+    if any(v is None for v in r) or any(v is None or v < 0 for v in x):
+        return "invalid"
+    return [length for reward, length in zip(r, x, strict=True) if reward > 0]
 
 
 def read_metadata(meta, config, read_bands=True, read_profiles=True):
@@ -91,6 +128,8 @@ def read_metadata(meta, config, read_bands=True, read_profiles=True):
     if row_band is not None and not isinstance(row_band, Mapping):
         invalid |= {"total", "reasoning", "answer"}
     elif row_band is not None:
+        if any(name not in BAND_ORDER for name in row_band):
+            invalid.add("channel_name")
         for channel in BAND_ORDER:
             block = read_band(row_band.get(channel))
             if block == "invalid":
@@ -99,16 +138,11 @@ def read_metadata(meta, config, read_bands=True, read_profiles=True):
                 bands[channel] = block
     rewards, lengths = meta.get("profiled_rewards"), meta.get("profiled_output_lengths")
     if read_profiles and rewards is not None and lengths is not None:
-        ok = (
-            isinstance(rewards, (list, tuple))
-            and isinstance(lengths, (list, tuple))
-            and len(rewards) == len(lengths)
-            and all(converts_to_finite(v) for v in [*rewards, *lengths])
-        )
-        if ok:
-            passing = [float(x) for r, x in zip(rewards, lengths, strict=True) if float(r) > 0]
-        else:
+        profile = read_profile(rewards, lengths)
+        if profile == "invalid":
             invalid.add("profiled")
+        else:
+            passing = profile
     return bands, passing, invalid
 
 
@@ -124,7 +158,7 @@ def band_multiplier(length, band):
 def reference_penalties(
     rewards, group_index, reasoning, answer, config, agents=None, metadata=None, multi=None
 ):
-    """Returns (shaped rewards, metrics, {group id: info}) exactly as decisions.md §2 describes."""
+    """Returns (shaped rewards, metrics, {group id: info}) exactly as reference §2 describes."""
     n_rows = len(rewards)
     shaped = [float(r) for r in rewards]
     total = [reasoning[i] + answer[i] for i in range(n_rows)]
@@ -147,7 +181,7 @@ def reference_penalties(
         for p in params_of.values()
     )
     read_profiles = any(p["profiled_length_penalty"] for p in params_of.values())
-    processed_rows, skipped_rows, invalid_rows = set(), set(), set()
+    processed_rows, skipped_rows, invalid_rows = set(), set(), set()  # skipped: non-binary, not missing
     info = {}
     for key, rows in groups.items():
         p = params_of[agent_of[key]]
@@ -156,7 +190,10 @@ def reference_penalties(
         if not p["enabled"]:
             info[key] = {"status": "disabled"}
             continue
-        binary = all(not math.isnan(x) and (abs(x) <= 1e-6 or abs(x - 1) <= 1e-6) for x in r)
+        if any(math.isnan(x) for x in r):
+            info[key] = {"status": "missing"}
+            continue
+        binary = all(abs(x) <= 1e-6 or abs(x - 1) <= 1e-6 for x in r)
         if not binary or (multi is not None and any(multi[i] for i in rows)):
             skipped_rows.update(rows)
             info[key] = {"status": "non_binary"}
@@ -275,13 +312,17 @@ def reference_penalties(
 
     n = n_rows
     valid = [float(x) for x in rewards if not math.isnan(x)]
-    mix = {"wrong": 0, "correct": 0}
+    mix = {"wrong": 0, "correct": 0, "mixed": 0, "unscorable": 0}
     for rows in groups.values():
         positives = sum(1 for i in rows if rewards[i] > 0)
-        if positives == 0:
+        if any(math.isnan(rewards[i]) for i in rows):
+            mix["unscorable"] += len(rows)
+        elif positives == 0:
             mix["wrong"] += len(rows)
         elif positives == len(rows):
             mix["correct"] += len(rows)
+        else:
+            mix["mixed"] += len(rows)
     metrics = {
         "length_penalty/env_reward_mean": sum(valid) / len(valid) if valid else math.nan,
         "length_penalty/reward_delta_mean": sum(shaped[i] - rewards[i] for i in processed_rows) / n,
@@ -294,13 +335,14 @@ def reference_penalties(
         "length_penalty/invalid_metadata_frac": len(invalid_rows & processed_rows) / n,
         "length_penalty/pct_all_wrong": mix["wrong"] / n,
         "length_penalty/pct_all_correct": mix["correct"] / n,
-        "length_penalty/pct_mixed": 1 - mix["wrong"] / n - mix["correct"] / n,
+        "length_penalty/pct_mixed": mix["mixed"] / n,
+        "length_penalty/pct_unscorable": mix["unscorable"] / n,
     }
     return shaped, metrics, info
 
 
 def reference_coefficient(rewards, lengths, group_index, coeff, min_tokens=0, correctness=None):
-    """decisions.md §3.1: (shaped, multipliers) with one loop per group."""
+    """Reference §3.1: (shaped, multipliers) with one loop per group."""
     truth = correctness if correctness is not None else rewards
     shaped, multipliers = [float(r) for r in rewards], [1.0] * len(rewards)
     for rows in groups_in_order(group_index).values():
@@ -315,18 +357,27 @@ def reference_coefficient(rewards, lengths, group_index, coeff, min_tokens=0, co
 
 
 def reference_advantages(
-    shaped, raw, group_index, scale_by_std=True, std_eps=1e-4, std_scope="group", single_row_stats=None
+    shaped,
+    raw,
+    group_index,
+    scale_by_std=True,
+    std_eps=1e-4,
+    std_scope="group",
+    single_row_stats=None,
+    plain_groups=(),
 ):
-    """decisions.md §3.3 with the host normalization described in ``shaping.normalization``."""
+    """§3.3 with the host normalization described in ``shaping.normalization``; groups whose id is in
+    ``plain_groups`` get the host normalization whatever their raw rewards."""
     advantages = [0.0] * len(shaped)
     every = [x for x in shaped if not math.isnan(x)]
     batch_std = statistics.stdev(every) if len(every) > 1 else math.nan
     for rows in groups_in_order(group_index).values():
         values = [shaped[i] for i in rows if not math.isnan(shaped[i])]
-        if not values or all(not raw[i] > 0 for i in rows):
+        plain = group_index[rows[0]] in plain_groups
+        if not values or (not plain and all(not raw[i] > 0 for i in rows)):
             continue
         mean = sum(values) / len(values)
-        all_correct = all(raw[i] == 1.0 for i in rows)
+        all_correct = not plain and all(raw[i] == 1.0 for i in rows)
         for i in rows:
             if math.isnan(shaped[i]):
                 continue

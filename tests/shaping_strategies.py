@@ -139,8 +139,8 @@ def shaping_batch(draw, uniform=None, shared_metadata=False):
         sizes = [size] * draw(st.integers(1, 6))
     else:
         sizes = draw(st.lists(st.integers(1, 9), min_size=1, max_size=6))
-    id_kind = draw(st.sampled_from(["int", "str", "sparse"]))
-    keys = {"int": list(range(len(sizes))), "str": [f"uid-{i}" for i in range(len(sizes))]}.get(
+    id_kind = draw(st.sampled_from(["int", "numpy", "sparse"]))
+    keys = {"int": list(range(len(sizes))), "numpy": [np.int32(9 - i) for i in range(len(sizes))]}.get(
         id_kind, [7 * i + 3 for i in range(len(sizes))]
     )
     group_index = [keys[g] for g, size in enumerate(sizes) for _ in range(size)]

@@ -35,7 +35,7 @@ def test_reference_length_is_the_shortest_correct_with_floor_and_at_least_one():
     # Group 1: L_min = 0 -> L_ref = max(0, 0, 1) = 1 with m = 0.
     rewards = [1.0, 1.0, 0.0, 1.0, 1.0]
     lengths = [10, 30, 5, 0, 3]
-    groups = ["a", "a", "a", "b", "b"]
+    groups = [5, 5, 5, 2, 2]
     floored = apply_length_coefficient(rewards, lengths, groups, coeff=0.5, min_tokens=20)
     assert floored.multipliers.tolist() == [1.0, 1 / (1 + 0.5 * 10 / 20), 1.0, 1.0, 1.0]
     plain = apply_length_coefficient(rewards, lengths, groups, coeff=0.5)

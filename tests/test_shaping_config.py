@@ -103,9 +103,11 @@ def test_yaml_error_names_the_key(tmp_path):
 
 
 def test_missing_pyyaml_gives_a_clear_error(tmp_path, monkeypatch):
+    path = tmp_path / "any.yaml"
+    path.write_text("default: {}\n")
     monkeypatch.setitem(sys.modules, "yaml", None)
     with pytest.raises(ImportError, match="pyyaml"):
-        load_length_penalty_config(tmp_path / "any.yaml")
+        load_length_penalty_config(path)
 
 
 @pytest.mark.parametrize(

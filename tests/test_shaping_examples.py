@@ -272,9 +272,13 @@ def test_non_binary_groups_are_untouched_with_one_warning_per_agent(caplog):
     out = result.rewards.tolist()
     assert out[:2] == [1, 0.5] and out[2:4] == approx([1.1, 1]) and out[5] == 1 and math.isnan(out[4])
     assert out[6:] == approx([1 - 4e-7 + 0.1, 1e-7])  # within 1e-6 of 0/1 is binary; 1e-7 is positive
-    assert result.metrics["length_penalty/skipped_non_binary_frac"] == 0.5
+    assert result.metrics["length_penalty/skipped_non_binary_frac"] == 0.25  # group 0 (graded 0.5)
+    assert result.metrics["length_penalty/pct_unscorable"] == 0.25  # group 2 (a missing reward)
     messages = [r.getMessage() for r in caplog.records if "non-binary" in r.getMessage()]
-    assert len(messages) == 4  # agents a and b, once per config instance (two configs here)
+    assert len(messages) == 2  # agent a, once per config instance (two configs here)
+    missing = [r.getMessage() for r in caplog.records if "missing correctness" in r.getMessage()]
+    assert len(missing) == 2 and all("'b'" in m for m in missing)
+    assert [g.status for g in result.groups] == ["non_binary", "shaped", "missing", "shaped"]
 
 
 def test_multi_component_groups_are_skipped():
@@ -330,6 +334,7 @@ def test_metrics_by_hand():
             "length_penalty/pct_all_wrong": 3 / 8,
             "length_penalty/pct_all_correct": 2 / 8,
             "length_penalty/pct_mixed": 3 / 8,
+            "length_penalty/pct_unscorable": 0.0,
         }
     )
 
@@ -368,7 +373,10 @@ def test_verbose_records_and_log(caplog):
 def test_metadata_conversion_paths_agree():
     """A batch of plain numbers converts in bulk (struct/numpy); one malformed entry sends the whole batch
     through the per-entry parsers. Both give each well-formed group the same bands and profile."""
-    from trl_length_plugin.shaping.metadata import group_metadata
+    from trl_length_plugin.shaping.metadata import merge_group_metadata, parse_prompt_metadata
+
+    def group_metadata(entries):
+        return merge_group_metadata(parse_prompt_metadata(entries), {}, len(entries))
 
     good = [
         {
@@ -377,17 +385,17 @@ def test_metadata_conversion_paths_agree():
             "profile_band": {"total": {"a": 10 + g, "b": 30.5, "f": 0.5}, "answer": None},
         }
         for g in range(6)
-    ] + [None, {"profiled_rewards": (1, 1), "profiled_output_lengths": (2**70, 8)}]
+    ] + [None, {"profiled_rewards": (1, 1), "profiled_output_lengths": (2**53, 8)}]
     malformed = {"profiled_rewards": [1], "profiled_output_lengths": ["seven"], "profile_band": {"total": 3}}
-    bulk = group_metadata(good, {}, len(good))
-    per_entry = group_metadata([*good, malformed], {}, len(good) + 1)
+    bulk = group_metadata(good)
+    per_entry = group_metadata([*good, malformed])
     exact = dict(rtol=0, atol=0, equal_nan=True)
     for name in ("profiled_count", "profiled_sum", "profiled_sum_sq"):
         torch.testing.assert_close(getattr(per_entry, name)[:-1], getattr(bulk, name), **exact)
     for channel in ("total", "reasoning", "answer"):
         torch.testing.assert_close(per_entry.bands[channel][:-1], bulk.bands[channel], **exact)
     assert bulk.profiled_count.tolist() == [1, 2, 3, 1, 2, 3, 0, 2]
-    assert bulk.profiled_sum.tolist() == [40, 44, 73, 43, 56, 85, 0, 2.0**70 + 8]
+    assert bulk.profiled_sum.tolist() == [40, 44, 73, 43, 56, 85, 0, 2.0**53 + 8]
     assert bulk.bands["total"][:, 0].tolist()[:6] == [10, 11, 12, 13, 14, 15]
     assert per_entry.invalid["profiled"].tolist() == [False] * 8 + [True]
     assert per_entry.invalid["total"].tolist() == [False] * 8 + [True]

@@ -353,7 +353,7 @@ def test_block_from_json_string_and_yaml_file(tmp_path):
     path.write_text("length_penalty:\n  default:\n    total_bonus: 0.1\n")
     from_file = tiny_config(tmp_path, length_penalty=str(path))
     assert from_file.length_penalty_config == from_json.length_penalty_config
-    assert from_file.length_shaping_enabled and "length_penalty_config" not in from_file.to_dict()
+    assert from_file.shaping.enabled and "length_penalty_config" not in from_file.to_dict()
 
 
 def test_luspo_flag_sets_the_loss_before_grpo_post_init(tmp_path):

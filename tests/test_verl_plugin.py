@@ -28,7 +28,7 @@ from verl.utils.config import validate_config
 
 from tests.verl_length_helpers import compose_verl, make_trainer, recipe_overrides
 from verl_adapter.length_advantage import compute_length_grpo_advantage
-from verl_adapter.length_config import LengthShapingSettings
+from verl_adapter.length_config import shaping_config
 from verl_adapter.length_filter import ShapedReplayBuffer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,9 +60,9 @@ def test_penalty_recipe_composes_and_validates(tmp_path):
     validate_config(
         config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
     )
-    settings = LengthShapingSettings.from_verl_config(config)
+    settings = shaping_config(config)
     assert settings.penalties_on and not settings.coefficient_on
-    assert settings.penalty.default.group_total_length_penalty_coeff == 0.1
+    assert settings.penalties.default.group_total_length_penalty_coeff == 0.1
     assert config.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config.trainer.n_gpus_per_node == 1
     assert make_trainer(recipe_overrides(PENALTY_RECIPE, tmp_path)).length_shaping == settings
@@ -74,8 +74,12 @@ def test_coefficient_recipe_composes_and_validates(tmp_path):
     validate_config(
         config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
     )
-    settings = LengthShapingSettings.from_verl_config(config)
-    assert (settings.coeff, settings.min_tokens, settings.penalties_on) == (0.5, 64, False)
+    settings = shaping_config(config)
+    assert (settings.length_penalty_coeff, settings.length_penalty_min_tokens, settings.penalties_on) == (
+        0.5,
+        64,
+        False,
+    )
     assert get_adv_estimator_fn(config.algorithm.adv_estimator) is compute_length_grpo_advantage
     assert isinstance(make_trainer(overrides).replay_buffer, ShapedReplayBuffer)
 
@@ -88,8 +92,8 @@ def test_coefficient_recipe_composes_and_validates(tmp_path):
     ],
 )
 def test_hydra_block_forms(overrides):
-    settings = LengthShapingSettings.from_verl_config(compose_verl(overrides))
-    assert settings.penalties_on and settings.penalty.default.total_bonus == 0.1
+    settings = shaping_config(compose_verl(overrides))
+    assert settings.penalties_on and settings.penalties.default.total_bonus == 0.1
 
 
 BAD = [
@@ -103,8 +107,27 @@ BAD = [
     (["+length_penalty=/no/such/length_penalty.yaml"], "length_penalty: '/no/such"),
     (["+length_penalty=3"], "length_penalty: expected a mapping"),
     (["+length_penalty_coef=1.0"], "length_penalty_coef: unknown"),
-    (["+length_penalty_coeff=-1", "algorithm.adv_estimator=length_grpo"], "length_penalty_coeff: expected"),
-    (["+length_penalty_min_tokens=1.5"], "length_penalty_min_tokens: expected"),
+    (
+        ["+length_penalty_coeff=-1", "algorithm.adv_estimator=length_grpo"],
+        "length_penalty_coeff: Input should be greater",
+    ),
+    (
+        ["+length_penalty_min_tokens=1.5", "+length_penalty_coeff=1", "algorithm.adv_estimator=length_grpo"],
+        "length_penalty_min_tokens: Input should be a valid integer",
+    ),
+    (
+        ["+length_penalty_coeff=nan", "algorithm.adv_estimator=length_grpo"],
+        "length_penalty_coeff: Input should be a finite",
+    ),
+    (
+        ["+length_penalty_coeff=inf", "algorithm.adv_estimator=length_grpo"],
+        "length_penalty_coeff: Input should be a finite",
+    ),
+    (
+        ["+length_penalty_coeff_warmup_steps=5"],
+        "length_penalty_coeff_warmup_steps needs length_penalty_coeff > 0",
+    ),
+    (["+drop_zero_std_groups=true"], "drop_zero_std_groups: in verl use algorithm.filter_groups"),
     (["+length_penalty_coeff=1.0"], "algorithm.adv_estimator: length_penalty_coeff > 0 goes with"),
     (["algorithm.adv_estimator=length_grpo"], "algorithm.adv_estimator: length_penalty_coeff > 0 goes with"),
     (

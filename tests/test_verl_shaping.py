@@ -43,7 +43,9 @@ from trl_length_plugin.shaping import (
     apply_length_penalties,
     group_advantages,
     load_length_penalty_config,
+    load_shaping_config,
     measure_lengths,
+    shape_rollouts,
 )
 
 PENALTY_YAML = """\
@@ -106,7 +108,7 @@ def metadata(rollout: Rollout) -> dict | None:
 def engine_expectation(items: list[Rollout], tokenizer, config: LengthPenaltyConfig | None, coeff: float):
     """Raw rewards, shaped rewards and metrics from direct engine calls on the rollouts' own data."""
     raw = torch.tensor([r.reward for r in items], dtype=torch.float64)
-    uids = [r.uid for r in items]
+    uids = np.unique([r.uid for r in items], return_inverse=True)[1]
     shaped, metrics = raw, {}
     if config is not None:
         agents = [r.data_source for r in items]
@@ -187,9 +189,8 @@ def test_shaped_scores_and_advantages_equal_the_engine(store, tokenizer, penalty
 
     config = load_length_penalty_config(penalty_file)
     raw, shaped, expected_metrics = engine_expectation(items, tokenizer, config, COEFF)
-    advantages = group_advantages(
-        shaped, raw, [r.uid for r in items], True, 1e-6, single_row_stats=(0.0, 1.0)
-    )
+    group_ids = np.unique([r.uid for r in items], return_inverse=True)[1]
+    advantages = group_advantages(shaped, raw, group_ids, True, 1e-6, single_row_stats=(0.0, 1.0))
     for i, score, reward, advantage, mask in zip(
         index, rows["rm_scores"], rows["token_level_rewards"], rows["advantages"], rows["response_mask"],
         strict=True,
@@ -259,7 +260,13 @@ def test_same_shaped_rewards_as_the_trl_integration(store, tokenizer, penalty_fi
     _, rows, index, _ = run_advantage_step(trainer, items, tokenizer, groups=3, pad_to=1)
     verl_shaped = torch.tensor([float(r.sum()) for r in rows["token_level_rewards"]], dtype=torch.float64)
 
-    config = load_length_penalty_config(penalty_file)
+    shaping = load_shaping_config(
+        {
+            "length_penalty": str(penalty_file),
+            "length_penalty_coeff": COEFF,
+            "length_penalty_min_tokens": MIN_TOKENS,
+        }
+    )
     local = trl_rollouts.LocalRollouts.from_columns(
         [r.text for r in items],
         {
@@ -268,19 +275,17 @@ def test_same_shaped_rewards_as_the_trl_integration(store, tokenizer, penalty_fi
         },
         agent_column="agent",
     )
-    channels = trl_rollouts.measure_channels(local, config, tokenizer, config.reasoning_tags)
     correctness = torch.tensor([r.reward for r in items], dtype=torch.float64)
-    gathered = trl_rollouts.GatheredRollouts(channels.double(), local.agents, local.metadata)
-    penalties = trl_rollouts.group_penalties(correctness, 4, gathered, config, is_main_process=False)
-    loss_lengths = [sum(r.response(tokenizer)[1]) for r in items]
-    trl_shaped = apply_length_coefficient(
-        penalties.rewards.double(),
-        loss_lengths,
-        torch.arange(len(items)) // 4,
-        COEFF,
-        MIN_TOKENS,
+    loss_lengths = torch.tensor([sum(r.response(tokenizer)[1]) for r in items], dtype=torch.float64)
+    batch = trl_rollouts.gathered_batch(
+        local,
         correctness,
-    ).rewards
+        trl_rollouts.consecutive_groups(len(items), 4),
+        shaping,
+        tokenizer=tokenizer,
+        loss_lengths=loss_lengths,
+    )
+    trl_shaped = shape_rollouts(batch, shaping).rewards  # the TRL adapter's own batch, the same core step
     assert torch.allclose(verl_shaped, trl_shaped[index].double(), atol=1e-6)
 
 

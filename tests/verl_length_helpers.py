@@ -130,7 +130,7 @@ def put_rollouts(
         session = sessions[rollout.uid] = sessions.get(rollout.uid, -1) + 1
         ids, mask = rollout.response(tokenizer)
         output = AgentLoopOutput(
-            prompt_ids=[7, 8, 9],
+            prompt_ids=[7, 8, 9, *rollout.uid.encode()],  # one prompt per group
             response_ids=ids,
             response_mask=mask,
             reward_score=rollout.reward - rollout.early_score,
@@ -151,8 +151,9 @@ def put_rollouts(
         )
         row["loss_mask"] = row["response_mask"]
         key = f"{rollout.uid}_{session}_0"
-        tag = {"status": "success", "global_steps": step, "seq_len": 3 + len(ids)}
-        tag.update(min_global_steps=step, max_global_steps=step, prompt_len=3, response_len=len(ids))
+        prompt_len = len(output.prompt_ids)
+        tag = {"status": "success", "global_steps": step, "seq_len": prompt_len + len(ids)}
+        tag.update(min_global_steps=step, max_global_steps=step, prompt_len=prompt_len, response_len=len(ids))
         tq.kv_batch_put(
             keys=[key], partition_id=partition, fields=list_of_dict_to_tensordict([row]), tags=[tag]
         )

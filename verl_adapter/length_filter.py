@@ -1,22 +1,21 @@
-"""``algorithm.filter_groups`` (DAPO dynamic sampling) judged on shaped rewards (decisions.md §3.3).
+"""``algorithm.filter_groups`` (DAPO dynamic sampling) judged on shaped rewards (docs/reference/
+length-coefficient.md §3.3).
 
-verl 0.9.1 filters groups in the V1 replay buffer (``ReplayBuffer._dapo_filtered_keys``), when a group
-finishes and before the trainer's advantage step. With length shaping on, this override shapes each newly
-finished group with the same :class:`RolloutShaper` as the advantage step and keeps it by the engine's
-``nonzero_std_keep_mask``: an all-correct group survives only when its shaped range exceeds 1e-6, any other
-group only when its shaped rewards are not all equal. Everything else (the classification cache, refills,
-metrics, validation never filtered) is verl's.
+verl 0.9.1 filters groups in the V1 replay buffer (``ReplayBuffer._dapo_filtered_keys``) when a group
+finishes, before the trainer's advantage step. With length shaping on, this override shapes each newly
+finished group (``RolloutShaper.shape_groups``, kept by ``uid`` for the advantage step, so no group is
+shaped twice), classifies it by the core's ``nonzero_std_keep_mask`` — an all-correct group survives only
+when its shaped range exceeds 1e-6, any other group only when its shaped rewards are not all equal — and
+records that in verl's classification cache; verl's own ``_dapo_filtered_keys`` then does everything else
+(cache upkeep, the missing-metric check, the filtered set and its counts).
 
-Deviation from verl: verl never filters a group of one row (``replay_buffer.py``: ``len(values) > 1``);
-this filter follows §3.3 as written, so a one-row group (its shaped rewards trivially all equal) is dropped.
+Deviation from verl: verl never filters a group of one row (``len(values) > 1``); this filter follows §3.3
+as written, so a one-row group (its shaped rewards trivially all equal) is dropped.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
-import torch
 import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
@@ -30,34 +29,33 @@ class ShapedGroupFilter:
 
     length_shaper: RolloutShaper
 
-    def _dapo_filtered_keys(self, partition_id: str) -> tuple[set[str], Counter]:
-        if partition_id == "val" or self.filter_groups_metric is None:
-            return set(), Counter()
-        finished = self.finished_keys[partition_id]
+    def _dapo_filtered_keys(self, partition_id: str):
+        if partition_id != "val" and self.filter_groups_metric is not None:
+            self._classify_new_groups(partition_id)
+        return super()._dapo_filtered_keys(partition_id)
+
+    def _classify_new_groups(self, partition_id: str) -> None:
+        """Shape the finished groups verl has not classified yet and record each one's classification
+        (verl's convention: the shared value of a dropped group, None for a kept one)."""
         cache = self._dapo_classification_cache[partition_id]
-        for uid in cache.keys() - finished:
-            del cache[uid]
-        new = finished - cache.keys()
+        new = self.finished_keys[partition_id] - cache.keys()
         keys = [key for key in self.partitions[partition_id] if key.split("_")[0] in new]
-        uids = np.asarray([key.split("_")[0] for key in keys], dtype=object)
-        missing = new - set(uids.tolist())
-        if missing:  # verl's own check, same message
-            raise RuntimeError(
-                f"Finished groups are missing DAPO metric {self.filter_groups_metric!r}: {sorted(missing)[:5]}"
-            )
-        cache.update(dict.fromkeys(new))
-        if keys:
-            data = tq.kv_batch_get(
-                keys=keys, partition_id=partition_id, select_fields=self.length_shaper.fields
-            )
-            scores = self.length_shaper.shape(data, keys)
-            keep = nonzero_std_keep_mask(scores.shaped, scores.raw, scores.group_ids)
-            dropped_rows = torch.nonzero(~keep).flatten()
-            dropped, first = np.unique(uids[dropped_rows.numpy()], return_index=True)
-            values = scores.shaped[dropped_rows[torch.from_numpy(first)]].tolist()
-            cache.update(zip(dropped.tolist(), values, strict=True))
-        filtered = {uid: value for uid, value in cache.items() if value is not None}
-        return set(filtered), Counter(filtered.values())
+        if not keys:
+            return  # groups without trajectories: verl's own check reports them
+
+        def fetch(rows, fields):
+            return tq.kv_batch_get(keys=rows, partition_id=partition_id, select_fields=fields)
+
+        rows = self.length_shaper.shape_groups(fetch, keys)
+        uids = [key.split("_")[0] for key in keys]
+        keep = nonzero_std_keep_mask(rows.shaped, rows.raw, np.unique(uids, return_inverse=True)[1])
+        dropped = set()
+        for uid, kept, value in zip(uids, keep.tolist(), rows.shaped.tolist(), strict=True):
+            if uid not in cache:
+                cache[uid] = None if kept else value
+                if not kept:
+                    dropped.add(uid)
+        self.length_shaper.forget(dropped)
 
 
 class ShapedReplayBuffer(ShapedGroupFilter, ReplayBuffer):

@@ -1,20 +1,23 @@
-"""verl rollouts (TransferQueue rows) in, shaped sequence scores out: the engine calls of decisions.md §2-3.
+"""verl rollouts (TransferQueue rows) in, shaped sequence scores out: one call of the core's
+``shape_rollouts`` per set of finished groups (docs/reference/length-penalties.md §2,
+docs/reference/length-coefficient.md §3).
 
 One TransferQueue row ``{uid}_{session}_{index}`` is one rollout; its prompt group is its ``uid`` (any
 order, groups of any size, §2.2), its agent its ``data_source`` (§2.3), its correctness reward the scalar
-sequence score ``rm_scores.sum()`` (§2.4). A score spread over more than one token (token-level or
-process rewards) is a multi-component score: its group is left untouched by both shapers. Lengths (§2.5):
-the response tokens the model generated (``response_mask == 1``) are decoded and split into reasoning and
-answer by the engine; the coefficient's length is the ``response_mask`` count (§3.2). Per-prompt metadata
-(§2.14) is read from top-level dataset columns, else from the same keys under ``extra_info``.
+sequence score ``rm_scores.sum()`` (§2.4). A score spread over more than one token (token-level or process
+rewards) is a multi-component score: its group is left untouched by both shapers. Lengths (§2.5): the
+response tokens the model generated (``response_mask == 1``) are decoded and split into reasoning and answer;
+the coefficient's length is the ``response_mask`` count (§3.2). Per-prompt metadata (§2.14) is read from
+top-level dataset columns, else from the same keys under ``extra_info``, once per prompt (a bounded cache
+keyed by a fingerprint of the prompt's token ids).
 
-Both the advantage hook and the group filter call :meth:`RolloutShaper.shape`, so they see the same
-shaped rewards.
+Each group is shaped once: the group filter shapes groups as they finish and keeps the result by ``uid``;
+the advantage step takes its groups from there and shapes only the ones the filter did not see.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,20 +25,19 @@ import numpy as np
 import torch
 
 from trl_length_plugin.shaping import (
-    LengthCoefficientResult,
-    LengthPenaltyResult,
+    LengthShapingConfig,
+    MetadataCache,
     RolloutBatch,
-    apply_length_coefficient,
-    apply_length_penalties,
-    log_group_records,
-    log_length_coefficient,
     measure_token_ids,
+    shape_rollouts,
 )
+from trl_length_plugin.shaping.log import length_penalty_records
+from trl_length_plugin.shaping.metrics import mean_metrics
+from trl_length_plugin.shaping.records import GroupRecord
 
-from .length_config import LengthShapingSettings
-
-#: per-prompt metadata keys (decisions.md §2.14)
+#: per-prompt metadata keys (reference §2.14)
 METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
+_HASH_BASES = (1_000_003, 998_244_353)
 
 
 def padded(values: torch.Tensor, fill: float = 0) -> torch.Tensor:
@@ -50,6 +52,18 @@ def row_lengths(values: torch.Tensor) -> torch.Tensor:
     return torch.full((values.shape[0],), values.shape[1], dtype=torch.long)
 
 
+def prompt_fingerprints(prompts: torch.Tensor) -> list[tuple[int, int, int]]:
+    """A key per row from its prompt token ids: the length and two polynomial hashes (int64 wrap-around),
+    vectorized over the batch; equal prompts give equal keys, different ones collide with negligible odds."""
+    ids, lengths = padded(prompts).long(), row_lengths(prompts)
+    positions = torch.arange(ids.shape[1])
+    hashes = []
+    for base in _HASH_BASES:
+        powers = torch.full_like(positions, base).cumprod(0)  # wraps around in int64, deterministically
+        hashes.append(((ids + 1) * powers * (positions < lengths[:, None])).sum(1))
+    return list(zip(lengths.tolist(), hashes[0].tolist(), hashes[1].tolist(), strict=True))
+
+
 def check_single_output_sessions(keys: Sequence[str]) -> None:
     """Multi-output agent-loop sessions (``index > 0``) would need one length per session: not supported."""
     extra = [key for key in keys if not key.endswith("_0")]
@@ -61,129 +75,160 @@ def check_single_output_sessions(keys: Sequence[str]) -> None:
 
 
 @dataclass
-class ShapedScores:
-    """Sequence scores of every row of a batch: ``raw`` (the reward before shaping) and ``shaped`` (float64).
+class ShapedRows:
+    """Shaping results by TransferQueue key: raw and shaped sequence scores (float64), the rows the
+    coefficient skipped (``host_rows``), per-row metrics, and what the logs need (verbose group records, the
+    §3.4 records)."""
 
-    ``group_ids`` numbers the ``uid`` groups; ``shaped_rows`` are the rows given to the engine (padding
-    rows excluded); ``metrics`` are decisions.md §2.15 and §3 metrics for verl's metrics dict.
-    """
-
+    keys: list[str]
     raw: torch.Tensor
     shaped: torch.Tensor
-    group_ids: np.ndarray
-    shaped_rows: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-    penalties: LengthPenaltyResult | None = None
-    coefficient: LengthCoefficientResult | None = None
+    host_rows: torch.Tensor
+    row_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    records: list[GroupRecord] = field(default_factory=list)
+    lines: list[dict] = field(default_factory=list)
 
     @property
-    def changed(self) -> torch.Tensor:
-        """Rows whose score the shaping changed (only these are ever written back)."""
-        return ~torch.isclose(self.shaped, self.raw, rtol=0, atol=0, equal_nan=True)
+    def metrics(self) -> dict[str, float]:
+        return mean_metrics(self.row_metrics)
+
+    def take(self, keys: Sequence[str]) -> ShapedRows:
+        """These rows, in this order (each group's records when all its rows are taken)."""
+        position = {key: i for i, key in enumerate(self.keys)}
+        index = torch.tensor([position[key] for key in keys], dtype=torch.long)
+        uids = {key.split("_")[0] for key in keys}
+        return ShapedRows(
+            list(keys),
+            self.raw[index],
+            self.shaped[index],
+            self.host_rows[index],
+            {name: values[index] for name, values in self.row_metrics.items()},
+            [record for record in self.records if str(record.group) in uids],
+            [self.lines[i] for i in index.tolist()] if self.lines else [],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[ShapedRows]) -> ShapedRows:
+        metrics = {
+            name: torch.cat([part.row_metrics[name] for part in parts]) for name in parts[0].row_metrics
+        }
+        return ShapedRows(
+            [key for part in parts for key in part.keys],
+            torch.cat([part.raw for part in parts]),
+            torch.cat([part.shaped for part in parts]),
+            torch.cat([part.host_rows for part in parts]),
+            metrics,
+            [record for part in parts for record in part.records],
+            [line for part in parts for line in part.lines],
+        )
 
 
 class RolloutShaper:
-    """Runs the engine on TransferQueue data; ``tokenizer`` is set once verl has built it."""
+    """Shapes TransferQueue rows with the core; ``tokenizer`` is set once verl has built it.
 
-    def __init__(self, settings: LengthShapingSettings, tokenizer: Any = None):
-        self.settings = settings
+    ``fetch(keys, fields)`` reads TransferQueue (``tq.kv_batch_get`` of a partition); groups shaped ahead of
+    the advantage step (:meth:`shape_groups`) are kept by ``uid`` until :meth:`take` hands them out.
+    ``step()`` gives the trainer's current global step (the coefficient's warm-up).
+    """
+
+    def __init__(
+        self, config: LengthShapingConfig, tokenizer: Any = None, step: Callable[[], int] = lambda: 0
+    ):
+        self.config = config
         self.tokenizer = tokenizer
+        self.step = step
+        self.metadata = MetadataCache()
+        self._groups: dict[str, ShapedRows] = {}
 
     @property
     def fields(self) -> list[str]:
-        """The TransferQueue fields :meth:`shape` reads (fields a dataset lacks are simply absent)."""
+        """The TransferQueue fields :meth:`shape` reads besides metadata (absent fields are simply absent)."""
         fields = ["uid", "rm_scores", "response_mask", "data_source"]
-        if self.settings.penalties_on:
-            fields += ["responses", "extra_info", *METADATA_KEYS]
+        if self.config.penalties_on:
+            fields += ["responses", "prompts"]
         return fields
 
-    def shape(
-        self,
-        data: Mapping[str, Any],
-        keys: Sequence[str],
-        padding: np.ndarray | None = None,
-        step: int | None = None,
-        log: bool = False,
-    ) -> ShapedScores:
-        """Shape the rows of ``data`` (read with :attr:`fields` for ``keys``); ``log`` emits the §3.4 lines
-        and the verbose group records (the advantage hook only: filtering never logs them)."""
+    def shape(self, fetch: Callable, keys: Sequence[str]) -> ShapedRows:
+        """Shape the rollouts ``keys`` (whole groups) in one call of the core."""
         check_single_output_sessions(keys)
+        step = self.step()
+        data = fetch(list(keys), self.fields)
+        present = set(data.keys())  # a TensorDict refuses ``key in td``
         scores = padded(data["rm_scores"]).double()
         lengths = row_lengths(data["rm_scores"])
-        rows = torch.arange(scores.shape[0])
         raw = scores.sum(-1)
-        last = scores[rows, (lengths - 1).clamp(min=0)]
-        multi_component = ((scores != 0).sum(-1) - (last != 0).long()) > 0
+        last = scores[torch.arange(scores.shape[0]), (lengths - 1).clamp(min=0)]
         uids = np.asarray(list(data["uid"]), dtype=object)
-        group_ids = np.unique(uids, return_inverse=True)[1]
-
-        real = torch.ones_like(raw, dtype=torch.bool) if padding is None else ~torch.as_tensor(padding)
-        active = torch.nonzero(real).flatten()
-        index = active.numpy()
-        agents = (
-            np.asarray(list(data["data_source"]), dtype=object)[index]
-            if "data_source" in set(data.keys())
-            else None
+        agents = np.asarray(list(data["data_source"]), dtype=object) if "data_source" in present else None
+        batch = RolloutBatch(
+            rewards=raw,
+            group_index=np.unique(uids, return_inverse=True)[1],
+            agents=agents,
+            multi_component=((scores != 0).sum(-1) - (last != 0).long()) > 0,
+            loss_lengths=padded(data["response_mask"]).sum(-1) if self.config.coefficient_on else None,
+            **(self._penalty_inputs(fetch, keys, data, agents) if self.config.penalties_on else {}),
         )
-        groups = group_ids[index]
-        shaped_active = raw[active]
-        result = ShapedScores(raw, raw.clone(), group_ids, active)
+        result = shape_rollouts(batch, self.config, normalization=None, step=step)
+        lines = []
+        if result.coefficient is not None and result.coefficient.coeff != 0:
+            lines = length_penalty_records(result.coefficient, step, [f"step{step}/{uid}" for uid in uids])
+        records = result.penalties.groups if result.penalties is not None else []
+        for record in records:
+            record.group = uids[record.rows[0]]
+        return ShapedRows(
+            list(keys), raw, result.rewards, result.host_rows, result.row_metrics, records, lines
+        )
 
-        if self.settings.penalties_on:
-            batch = RolloutBatch(
-                rewards=raw[active],
-                group_index=groups,
-                agents=agents,
-                metadata=RowMetadata(data, index),
-                multi_component=multi_component[active],
-                **self._channel_lengths(data, index, agents),
-            )
-            result.penalties = apply_length_penalties(batch, self.settings.penalty)
-            result.metrics.update(result.penalties.metrics)
-            shaped_active = result.penalties.rewards.double()
-            if log and self.settings.penalty.verbose:
-                log_group_records(result.penalties.groups)
-
-        if self.settings.coefficient_on:
-            skipped = np.isin(groups, groups[multi_component[active].numpy()])  # whole multi-component groups
-            correctness = torch.where(torch.from_numpy(skipped), torch.nan, raw[active])
-            loss_lengths = padded(data["response_mask"]).sum(-1)[active]
-            result.coefficient = apply_length_coefficient(
-                shaped_active,
-                loss_lengths,
-                groups,
-                self.settings.coeff,
-                self.settings.min_tokens,
-                correctness,
-            )
-            shaped_active = result.coefficient.rewards.double()
-            result.metrics.update(result.coefficient.metrics())
-            if log:
-                session_ids = [f"step{step}/{uid}" for uid in uids[index]]
-                log_length_coefficient(result.coefficient, step=step, session_ids=session_ids)
-
-        result.shaped[active] = shaped_active
-        return result
-
-    def _channel_lengths(self, data: Mapping[str, Any], index: np.ndarray, agents: np.ndarray | None) -> dict:
-        """Reasoning/answer lengths of the model-generated response tokens (decisions.md §2.5)."""
-        responses = padded(data["responses"])[index]
-        mask = padded(data["response_mask"])[index].bool()
+    def _penalty_inputs(self, fetch: Callable, keys: Sequence[str], data: Mapping, agents: np.ndarray | None):
+        """Channel lengths of the model-generated response tokens (§2.5) and per-prompt metadata (§2.14)."""
+        responses = padded(data["responses"])
+        mask = padded(data["response_mask"]).bool()
         generated = torch.split(responses[mask], mask.sum(-1).tolist())
-        config = self.settings.penalty
-        names = agents.tolist() if agents is not None else [None] * len(index)
+        block = self.config.penalties
+        names = agents.tolist() if agents is not None else [None] * len(keys)
         lengths = measure_token_ids(
             [ids.tolist() for ids in generated],
             self.tokenizer,
-            length_type=config.length_types(names),
-            reasoning_tags=config.reasoning_tags,
+            length_type=block.length_types(names),
+            reasoning_tags=self.config.tags,
         )
-        return {"reasoning_lengths": lengths.reasoning, "answer_lengths": lengths.answer}
+        inputs = {"reasoning_lengths": lengths.reasoning, "answer_lengths": lengths.answer}
+        if block.uses_metadata:
+            prompts = prompt_fingerprints(data["prompts"])
+            first = {prompt: key for key, prompt in zip(keys, prompts, strict=True)}  # a row of each prompt
+
+            def entries(new: list) -> list:
+                rows = [first[prompt] for prompt in new]
+                return list(RowMetadata(fetch(rows, [*METADATA_KEYS, "extra_info"]), np.arange(len(rows))))
+
+            inputs["metadata"] = self.metadata.lookup(prompts, entries)
+        return inputs
+
+    def shape_groups(self, fetch: Callable, keys: Sequence[str]) -> ShapedRows:
+        """Shape finished groups ahead of the advantage step and keep them by ``uid``."""
+        rows = self.shape(fetch, keys)
+        for uid in dict.fromkeys(key.split("_")[0] for key in keys):
+            self._groups[uid] = rows.take([key for key in keys if key.split("_")[0] == uid])
+        return rows
+
+    def forget(self, uids) -> None:
+        """Drop kept groups (filtered out, or cleared by verl)."""
+        for uid in uids:
+            self._groups.pop(uid, None)
+
+    def take(self, fetch: Callable, keys: Sequence[str]) -> ShapedRows:
+        """The rows ``keys`` of an advantage batch: kept groups handed out (and forgotten), the rest shaped."""
+        uids = [key.split("_")[0] for key in keys]
+        unseen = [key for key, uid in zip(keys, uids, strict=True) if uid not in self._groups]
+        parts = [self._groups.pop(uid) for uid in dict.fromkeys(uids) if uid in self._groups]
+        if unseen:
+            parts.append(self.shape(fetch, unseen))
+        return ShapedRows.concat(parts).take(keys) if parts else self.shape(fetch, keys)
 
 
 class RowMetadata(Sequence):
-    """Per-row metadata mappings (decisions.md §2.14), built lazily: the engine reads only the first row of
-    each group, and only when an agent uses metadata. Top-level dataset columns win over ``extra_info``."""
+    """Per-row metadata mappings (reference §2.14), built lazily. Top-level dataset columns win over
+    ``extra_info``."""
 
     def __init__(self, data: Mapping[str, Any], index: np.ndarray):
         self.index = index

@@ -1,4 +1,5 @@
-"""Length shaping in verl (decisions.md §2-3): importing this module registers everything with verl.
+"""Length shaping in verl (docs/reference/length-penalties.md §2, docs/reference/length-coefficient.md §3):
+importing this module registers everything with verl.
 
 ``verl_adapter.plugin`` imports it on ``import verl`` (the ``verl.plugins`` entry point), in every process.
 It
@@ -26,7 +27,7 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from ._host import EXPECTED, require_supported_verl
 from .length_advantage import compute_length_grpo_advantage
-from .length_config import LENGTH_GRPO, LengthShapingSettings
+from .length_config import LENGTH_GRPO, shaping_config
 from .length_trainer import LengthShapingMixin
 
 #: the built-in V1 trainers that get the mixin
@@ -79,7 +80,7 @@ def refuse_legacy_trainer() -> None:
 
     @functools.wraps(original)
     def __init__(self, config, *args, **kwargs):
-        if LengthShapingSettings.from_verl_config(config).enabled:
+        if shaping_config(config).enabled:
             raise NotImplementedError(
                 "length shaping needs verl's V1 trainer (trainer.use_v1=true, the default); the legacy "
                 "RayPPOTrainer (trainer.use_v1=false) has no group-level hook and would train on raw rewards"

@@ -5,15 +5,17 @@
 base class compares it with ``"sync"``) and a ``length_penalty`` block is never silently ignored. A custom
 trainer gets the same behaviour by listing :class:`LengthShapingMixin` first among its bases.
 
-- ``__init__`` validates the length keys (decisions.md §1.3, §2.1) and, for ``loss_mode=luspo``, the KL
-  aggregation (§4.1) in the TaskRunner, before any worker is launched, with errors naming the key.
+- ``__init__`` validates the length keys (docs/reference/product.md §1.3, docs/reference/length-penalties.md
+  §2.1) and, for ``loss_mode=luspo``, the KL aggregation (docs/reference/luspo.md §4.1) in the TaskRunner,
+  before any worker is launched, with errors naming the key.
 - ``_compute_advantage`` (verl calls it once per training step with the sampled groups; validation never
-  goes through it, so validation rollouts are never shaped, §2.15) reads the rollouts from TransferQueue,
-  runs the engine, writes the shaped scores as ``rm_scores``, lets verl compute advantages (with rollout
-  correction and the KL penalty as configured), then puts the raw ``rm_scores`` back and stores the shaped
-  ones as ``token_level_rewards``: verl's ``critic/score/*`` keep reporting the raw reward and
-  ``critic/rewards/*`` the shaped one. The §2.15 and §3 metrics join verl's metrics dict; the §3.4 lines
-  are logged here, in the single-controller process only.
+  goes through it, so validation rollouts are never shaped, §2.15) takes the batch's shaped groups (shaped
+  when the filter saw them finish, else now), writes the shaped scores as ``rm_scores``, lets verl compute
+  advantages (with rollout correction and the KL penalty as configured), then puts the raw ``rm_scores``
+  back and stores the shaped ones as ``token_level_rewards``: verl's ``critic/score/*`` keep reporting the
+  raw reward and ``critic/rewards/*`` the shaped one. The metrics join verl's metrics dict; the verbose
+  records and the ``Length penalty:`` lines (docs/reference/length-coefficient.md §3.4) are logged here, in
+  the single-controller process only.
 - ``_build_replay_buffer`` gives verl's replay buffer the shaped group filter when
   ``algorithm.filter_groups`` is on (§3.3).
 """
@@ -29,25 +31,30 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.workers.utils.padding import response_to_nested
 
+from trl_length_plugin.shaping.log import format_length_penalty
+from trl_length_plugin.shaping.records import log_group_records
+
 from .length_advantage import raw_scores
-from .length_config import LengthShapingSettings
+from .length_config import shaping_config
 from .length_filter import SHAPED_BUFFERS, with_shaped_filter
-from .length_rollouts import RolloutShaper, ShapedScores, padded, row_lengths
+from .length_rollouts import RolloutShaper, ShapedRows, padded, row_lengths
 from .luspo import check_kl_aggregation
 
 logger = logging.getLogger("trl_length_plugin")
 
 
-def scores_at_last_token(rm_scores: torch.Tensor, scores: ShapedScores) -> torch.Tensor:
+def scores_at_last_token(
+    rm_scores: torch.Tensor, shaped: torch.Tensor, changed: torch.Tensor
+) -> torch.Tensor:
     """``rm_scores`` (nested, one row per rollout) with each changed row's score set at its last token.
 
     Only rows the shaping changed are rewritten, and those carry their score on the last token alone.
     """
     table = padded(rm_scores).clone()
-    changed = torch.nonzero(scores.changed).flatten()
-    last = row_lengths(rm_scores)[changed] - 1
-    table[changed] = 0
-    table[changed, last] = scores.shaped[changed].to(table.dtype)
+    rows = torch.nonzero(changed).flatten()
+    last = row_lengths(rm_scores)[rows] - 1
+    table[rows] = 0
+    table[rows, last] = shaped[rows].to(table.dtype)
     return table
 
 
@@ -58,14 +65,10 @@ class LengthShapingMixin:
         actor = config.actor_rollout_ref.actor
         if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
             check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
-        self.length_shaping = LengthShapingSettings.from_verl_config(config)
-        self.length_shaper = RolloutShaper(self.length_shaping)
+        self.length_shaping = shaping_config(config)
+        self.length_shaper = RolloutShaper(self.length_shaping, step=lambda: self.global_steps)
         if self.length_shaping.enabled:
-            logger.info(
-                "trl-length-plugin: length shaping on (group penalties: %s, coefficient: %s)",
-                self.length_shaping.penalties_on,
-                self.length_shaping.coeff,
-            )
+            logger.info("trl-length-plugin: %s", self.length_shaping.summary())
         super().__init__(config)
 
     def _build_replay_buffer(self):
@@ -76,7 +79,7 @@ class LengthShapingMixin:
         if type(buffer) not in SHAPED_BUFFERS:
             logger.warning(
                 "trl-length-plugin: the custom sampler %s owns group filtering; it must judge shaped rewards "
-                "itself (decisions.md §3.3)",
+                "itself (docs/reference/length-coefficient.md §3.3)",
                 type(buffer).__name__,
             )
             return buffer
@@ -90,21 +93,43 @@ class LengthShapingMixin:
         if not self.length_shaping.enabled:
             return super()._compute_advantage(batch, metrics)
         data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=self.length_shaper.fields
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["rm_scores", "response_mask"]
         )
-        padding = np.array([tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
-        scores = self.length_shaper.shape(data, batch.keys, padding=padding, step=self.global_steps, log=True)
-        metrics.update(scores.metrics)
+        real = ~np.array([tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
+        rows = self._shaped_rows(batch, [key for key, keep in zip(batch.keys, real, strict=True) if keep])
+        metrics.update(rows.metrics)
+        self._log(rows)
 
-        mask = data["response_mask"]
-        shaped = response_to_nested(scores_at_last_token(data["rm_scores"], scores), mask)
-        self._put(batch, rm_scores=shaped)
-        with raw_scores(scores.raw):
+        raw = padded(data["rm_scores"]).double().sum(-1)
+        shaped, host_rows = raw.clone(), torch.zeros_like(raw, dtype=torch.bool)
+        index = torch.from_numpy(np.flatnonzero(real))
+        shaped[index], host_rows[index] = rows.shaped, rows.host_rows
+        changed = ~torch.isclose(shaped, raw, rtol=0, atol=0, equal_nan=True)
+        nested = response_to_nested(
+            scores_at_last_token(data["rm_scores"], shaped, changed), data["response_mask"]
+        )
+        self._put(batch, rm_scores=nested)
+        with raw_scores(raw, host_rows):
             batch = super()._compute_advantage(batch, metrics)
         restored = {"rm_scores": data["rm_scores"]}
         if not self.config.algorithm.use_kl_in_reward:  # otherwise verl stored the KL-penalized shaped ones
-            restored["token_level_rewards"] = shaped
+            restored["token_level_rewards"] = nested
         return self._put(batch, **restored)
+
+    def _shaped_rows(self, batch: KVBatchMeta, keys: list[str]) -> ShapedRows:
+        def fetch(rows, fields):
+            return tq.kv_batch_get(keys=rows, partition_id=batch.partition_id, select_fields=fields)
+
+        return self.length_shaper.take(fetch, keys)
+
+    def _log(self, rows: ShapedRows) -> None:
+        """The verbose group records and the §3.4 lines of this training batch."""
+        block = self.length_shaping.penalties
+        if block is not None and block.verbose:
+            log_group_records(rows.records)
+        if logger.isEnabledFor(logging.INFO):
+            for line in rows.lines:
+                logger.info(format_length_penalty(line))
 
     @staticmethod
     def _put(batch: KVBatchMeta, **fields: torch.Tensor) -> KVBatchMeta:

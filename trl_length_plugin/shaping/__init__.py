@@ -1,48 +1,57 @@
-"""Framework-free length shaping (decisions.md §2-3): typed config, the eight group length algorithms,
-the length coefficient, its group normalization and filter, length measurement and log lines.
+"""Framework-free length shaping (docs/reference/length-penalties.md, docs/reference/length-coefficient.md):
+the typed config, the eight group length algorithms, the length coefficient, its group normalization and
+filter, length measurement, log lines, and :func:`shape_rollouts`, the one step every host runs.
 
-Needs only torch, numpy and pydantic (decisions.md §1.2).
+Needs only torch, numpy and pydantic (docs/reference/product.md §1.2). Names are exported lazily, so
+``trl_length_plugin.shaping.config`` imports with pydantic alone (the command line validates a recipe with
+it before torch is imported).
 """
 
-from .batch import RolloutBatch
-from .coefficient import LengthCoefficientResult, apply_length_coefficient
-from .config import (
-    LengthPenaltyConfig,
-    LengthPenaltyParams,
-    ProfileBandChannel,
-    ProfileBandConfig,
-    load_length_penalty_config,
-)
-from .groups import GroupLayout
-from .lengths import ChannelLengths, completion_channels, measure_lengths, measure_token_ids, split_reasoning
-from .log import length_penalty_lines, log_length_coefficient
-from .normalization import group_advantages, nonzero_std_keep_mask
-from .penalties import METRIC_KEYS, LengthPenaltyResult, apply_length_penalties
-from .records import GroupRecord, format_group_record, log_group_records
+from __future__ import annotations
 
-__all__ = [
-    "METRIC_KEYS",
-    "ChannelLengths",
-    "GroupLayout",
-    "GroupRecord",
-    "LengthCoefficientResult",
-    "LengthPenaltyConfig",
-    "LengthPenaltyParams",
-    "LengthPenaltyResult",
-    "ProfileBandChannel",
-    "ProfileBandConfig",
-    "RolloutBatch",
-    "apply_length_coefficient",
-    "apply_length_penalties",
-    "completion_channels",
-    "format_group_record",
-    "group_advantages",
-    "length_penalty_lines",
-    "load_length_penalty_config",
-    "log_group_records",
-    "log_length_coefficient",
-    "measure_lengths",
-    "measure_token_ids",
-    "nonzero_std_keep_mask",
-    "split_reasoning",
-]
+import importlib
+
+_EXPORTS = {
+    "RolloutBatch": "batch",
+    "LengthCoefficientResult": "coefficient",
+    "apply_length_coefficient": "coefficient",
+    "LengthConfigError": "config",
+    "LengthPenaltyConfig": "config",
+    "LengthPenaltyParams": "config",
+    "LengthShapingConfig": "config",
+    "ProfileBandChannel": "config",
+    "ProfileBandConfig": "config",
+    "load_length_penalty_config": "config",
+    "load_shaping_config": "config",
+    "GroupLayout": "groups",
+    "ChannelLengths": "lengths",
+    "completion_channels": "lengths",
+    "measure_lengths": "lengths",
+    "measure_token_ids": "lengths",
+    "split_reasoning": "lengths",
+    "length_penalty_lines": "log",
+    "log_length_coefficient": "log",
+    "MetadataCache": "metadata",
+    "PromptMetadata": "metadata",
+    "parse_prompt_metadata": "metadata",
+    "GroupNormalization": "normalization",
+    "TRL_NORMALIZATION": "normalization",
+    "group_advantages": "normalization",
+    "nonzero_std_keep_mask": "normalization",
+    "METRIC_KEYS": "penalties",
+    "LengthPenaltyResult": "penalties",
+    "apply_length_penalties": "penalties",
+    "ShapingResult": "pipeline",
+    "shape_rollouts": "pipeline",
+    "GroupRecord": "records",
+    "format_group_record": "records",
+    "log_group_records": "records",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,14 @@
-"""The input of the group length shaping: one row per rollout (decisions.md §2.2-2.5, §2.14)."""
+"""The input of the length shaping: one row per rollout (docs/reference/length-penalties.md §2.2-2.5,
+§2.14; docs/reference/length-coefficient.md §3.2).
+
+A malformed batch structure (wrong shapes, non-integer group ids, negative, non-finite or absurd lengths,
+unhashable agents) is a named ``ValueError``; malformed per-prompt metadata is not (it is flagged and
+counted, ``metadata.py``).
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
@@ -13,6 +18,7 @@ import numpy as np
 import torch
 
 from .groups import GroupLayout
+from .metadata import MAX_LENGTH, PromptMetadata, parse_prompt_metadata
 
 
 def as_float_tensor(values: Any, name: str) -> torch.Tensor:
@@ -20,57 +26,84 @@ def as_float_tensor(values: Any, name: str) -> torch.Tensor:
     if isinstance(values, torch.Tensor) and values.is_floating_point():
         tensor = values.detach()
     else:
-        source = values if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.float64)
+        try:
+            source = values if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise ValueError(f"{name} must be numbers, one per row ({err})") from None
         tensor = torch.as_tensor(source).double()
     if tensor.dim() != 1:
         raise ValueError(f"{name} must be one value per row, got shape {tuple(tensor.shape)}")
     return tensor
 
 
-def finite_nonnegative(values: torch.Tensor) -> bool:
-    """Whether every value is finite and >= 0 (a NaN fails the comparisons)."""
-    return values.numel() == 0 or 0 <= float(values.min()) <= float(values.max()) < math.inf
+def valid_lengths(values: torch.Tensor) -> bool:
+    """Whether every value is finite, >= 0 and at most ``MAX_LENGTH`` (a NaN fails the comparisons)."""
+    return values.numel() == 0 or 0 <= float(values.min()) <= float(values.max()) <= MAX_LENGTH
 
 
-def _lengths(values: Any, name: str, rows: int) -> torch.Tensor:
+def checked_lengths(values: Any, name: str, rows: int) -> torch.Tensor:
+    """Per-row lengths as float64, or a ValueError naming ``name``."""
     lengths = as_float_tensor(values, name).double()
     if lengths.numel() != rows:
         raise ValueError(f"{name} has {lengths.numel()} rows, rewards have {rows}")
-    if not finite_nonnegative(lengths):
-        raise ValueError(f"{name} must be finite and >= 0")
+    if not valid_lengths(lengths):
+        raise ValueError(f"{name} must be finite, >= 0 and at most 2**53")
     return lengths
+
+
+def _check_agents(agents: Sequence[Any]) -> None:
+    bad = next((a for a in agents if a is not None and not isinstance(a, Hashable)), None)
+    if bad is not None:
+        raise ValueError(f"agents must be names (strings) or None, got a {type(bad).__name__}")
 
 
 @dataclass
 class RolloutBatch:
     """Rollouts to shape, one row each.
 
-    - ``rewards``: the correctness reward (binary; NaN for TRL's ``None``), decisions.md §2.4.
-    - ``group_index``: the prompt group of each row, any hashable ids (§2.2).
+    - ``rewards``: the correctness reward (binary; NaN for TRL's ``None``), reference §2.4.
+    - ``group_index``: the prompt group of each row as integers (any integer dtype, Python ints), or a
+      ready ``GroupLayout`` (§2.2).
     - ``reasoning_lengths`` / ``answer_lengths``: channel lengths (§2.5); total is their sum.
     - ``agents``: agent name per row, ``None`` meaning ``default`` (§2.3); a group uses its first row's.
-    - ``metadata``: per-row mapping with ``profiled_rewards``, ``profiled_output_lengths``, ``profile_band``
-      (any may be missing) or ``None``; per-prompt data, read from each group's first row (§2.14).
+    - ``metadata``: per-row mappings with ``profiled_rewards``, ``profiled_output_lengths``,
+      ``profile_band`` (any may be missing) or ``None``, or a ``PromptMetadata`` with one parsed row per
+      rollout (``MetadataCache.lookup``); per-prompt data, read from each group's first row (§2.14).
     - ``multi_component``: per-row flag for verl's multi-component scores, whose groups are skipped (§2.4).
+    - ``loss_lengths``: the loss-mask token count of each rollout, the coefficient's L (reference §3.2).
+    - ``base_rewards``: the host's total reward of each row without the shaping (other reward terms
+      included; NaN for a row the host cannot score); default the correctness reward. Advantages and the
+      zero-std filter judge ``base_rewards + weight * (shaped - rewards)`` (reference §3.3).
     """
 
     rewards: Any
     group_index: Any
-    reasoning_lengths: Any
-    answer_lengths: Any
+    reasoning_lengths: Any = None
+    answer_lengths: Any = None
     agents: Sequence[str | None] | None = None
-    metadata: Sequence[Mapping[str, Any] | None] | None = None
+    metadata: Sequence[Mapping[str, Any] | None] | PromptMetadata | None = None
     multi_component: Any = None
+    loss_lengths: Any = None
+    base_rewards: Any = None
 
     def __post_init__(self) -> None:
         self.rewards = as_float_tensor(self.rewards, "rewards")
         rows = self.rewards.numel()
-        self.reasoning_lengths = _lengths(self.reasoning_lengths, "reasoning_lengths", rows)
-        self.answer_lengths = _lengths(self.answer_lengths, "answer_lengths", rows)
+        for name in ("reasoning_lengths", "answer_lengths"):
+            values = getattr(self, name)
+            setattr(self, name, checked_lengths(torch.zeros(rows) if values is None else values, name, rows))
+        if self.loss_lengths is not None:
+            self.loss_lengths = checked_lengths(self.loss_lengths, "loss_lengths", rows)
+        if self.base_rewards is not None:
+            self.base_rewards = as_float_tensor(self.base_rewards, "base_rewards").double()
+            if self.base_rewards.numel() != rows:
+                raise ValueError(f"base_rewards has {self.base_rewards.numel()} rows, rewards have {rows}")
         for name in ("agents", "metadata"):
             values = getattr(self, name)
             if values is not None and len(values) != rows:
                 raise ValueError(f"{name} has {len(values)} rows, rewards have {rows}")
+        if self.agents is not None:
+            _check_agents(self.agents)
         if self.multi_component is not None:
             self.multi_component = torch.as_tensor(np.asarray(self.multi_component, dtype=bool))
             if self.multi_component.numel() != rows:
@@ -96,3 +129,11 @@ class RolloutBatch:
         if len(first) < 2:
             return [values[i] for i in first]
         return list(itemgetter(*first)(values))
+
+    def group_metadata(self) -> PromptMetadata | None:
+        """Each group's parsed metadata (its first row's), None without metadata."""
+        if self.metadata is None:
+            return None
+        if isinstance(self.metadata, PromptMetadata):
+            return self.metadata.take(self.layout.first_row)
+        return parse_prompt_metadata(self.group_rows(self.metadata))

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from .batch import as_float_tensor, finite_nonnegative
+from .batch import as_float_tensor, valid_lengths
 from .groups import GroupLayout, row_min
+from .metrics import mean_metrics
 
 
 @dataclass
@@ -26,15 +27,17 @@ class LengthCoefficientResult:
     layout: GroupLayout = field(repr=False)
     group_index: Any = field(repr=False)
 
-    def metrics(self) -> dict[str, float]:
-        """The coefficient's per-rollout metrics (decisions.md §3), logged alike by every adapter."""
+    def row_metrics(self) -> dict[str, torch.Tensor]:
+        """The coefficient's metrics as per-row values (reference §3); their means are the metrics."""
         return {
-            "length_penalty/coeff": self.coeff,
-            "length_penalty/coeff_penalized_frac": float((self.multipliers < 1).double().mean()),
-            "length_penalty/coeff_reward_reduction_mean": float(
-                torch.nan_to_num(self.reward_reductions.double()).mean()
-            ),
+            "length_penalty/coeff": torch.full_like(self.lengths, self.coeff),
+            "length_penalty/coeff_penalized_frac": (self.multipliers < 1).double(),
+            "length_penalty/coeff_reward_reduction_mean": torch.nan_to_num(self.reward_reductions.double()),
         }
+
+    def metrics(self) -> dict[str, float]:
+        """The coefficient's per-rollout metrics, logged alike by every adapter."""
+        return mean_metrics(self.row_metrics())
 
 
 def apply_length_coefficient(
@@ -59,8 +62,8 @@ def apply_length_coefficient(
     raw = as_float_tensor(rewards, "rewards")
     values = raw.double()
     length = as_float_tensor(lengths, "lengths").double()
-    if length.numel() != values.numel() or not finite_nonnegative(length):
-        raise ValueError("lengths must be one finite count >= 0 per reward")
+    if length.numel() != values.numel() or not valid_lengths(length):
+        raise ValueError("lengths must be one finite count >= 0 (at most 2**53) per reward")
     truth = values if correctness is None else as_float_tensor(correctness, "correctness").double()
     if truth.numel() != values.numel():
         raise ValueError("correctness must have one value per reward")

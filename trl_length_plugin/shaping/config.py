@@ -1,18 +1,33 @@
-"""The typed ``length_penalty`` block (decisions.md §2.1, §2.3, §2.12).
+"""The typed length-shaping config: the ``length_penalty`` block and ``LengthShapingConfig``, which holds
+it with the coefficient, its floor and warm-up, the reasoning tags and the zero-std filter switch
+(docs/reference/length-penalties.md §2.1, §2.3, §2.12; docs/reference/length-coefficient.md §3.1).
 
-Unknown keys, misspelled values and out-of-range numbers are rejected when the block is loaded, and the
-pydantic error names the key path (for example ``default.top_percentile`` or
-``profile_band.defaults.total``).
+Unknown keys, misspelled values, NaN and infinities, fractions for integer keys, booleans for numbers and
+out-of-range numbers are rejected when the config is loaded; :func:`config_error` turns pydantic's error
+into one line naming the key path (for example ``length_penalty.default.top_percentile``).
+
+Needs only pydantic (and PyYAML for files): the command line validates a recipe with it before torch or
+TRL are imported.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Channel = Literal["total", "reasoning", "answer"]
 CHANNELS: tuple[Channel, ...] = ("reasoning", "answer", "total")  # bonus / longest / zMAD order (§2.7)
@@ -20,8 +35,30 @@ BAND_CHANNELS: tuple[Channel, ...] = ("total", "reasoning", "answer")  # band or
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
 
-NonNegative = Annotated[float, Field(ge=0)]
+
+def _not_bool(value: Any) -> Any:
+    """Numbers must be numbers: ``true`` is not 1 (pydantic's lax mode would take it)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_not_bool)]
+NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_bool)]
+Count = Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class _WarnOnce:
+    """``warn_once``: a warning logged the first time its key is seen by this config instance (one run)."""
+
+    _warned: set[tuple[str, ...]]
+
+    def warn_once(self, key: tuple[str, ...], message: str, *args: Any) -> None:
+        """Log ``message`` on the ``trl_length_plugin`` logger the first time ``key`` is seen."""
+        if key not in self._warned:
+            self._warned.add(key)
+            logging.getLogger("trl_length_plugin").warning(message, *args)
 
 
 class LengthPenaltyParams(BaseModel):
@@ -34,7 +71,7 @@ class LengthPenaltyParams(BaseModel):
 
     enabled: bool = True
     length_type: Literal["tokens", "chars"] = "tokens"
-    top_percentile: Annotated[float, Field(gt=0, le=1)] = 0.5
+    top_percentile: Annotated[float, Field(gt=0, le=1), BeforeValidator(_not_bool)] = 0.5
     reasoning_bonus: NonNegative = 0.0
     answer_bonus: NonNegative = 0.0
     total_bonus: NonNegative = 0.0
@@ -51,8 +88,8 @@ class LengthPenaltyParams(BaseModel):
     total_zmad_threshold: NonNegative = 0.0
     total_zmad_penalty: NonNegative = 0.0
     profiled_length_penalty: NonNegative = 0.0
-    profiled_length_n_std: float = 1.0
-    profiled_length_min_samples: Annotated[int, Field(ge=1)] = 2
+    profiled_length_n_std: Number = 1.0
+    profiled_length_min_samples: Annotated[int, Field(ge=1), BeforeValidator(_not_bool)] = 2
     pass_rate_length_penalty_weight: NonNegative = 0.0
     profile_band_total: bool = False
     profile_band_reasoning: bool = False
@@ -68,9 +105,9 @@ class ProfileBandChannel(BaseModel):
 
     model_config = _STRICT
 
-    a: float
-    b: float
-    f: Annotated[float, Field(ge=0, le=1)]
+    a: Number
+    b: Number
+    f: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)]
 
     @model_validator(mode="after")
     def _b_above_a(self) -> ProfileBandChannel:
@@ -96,8 +133,8 @@ class ProfileBandConfig(BaseModel):
     defaults: ProfileBandDefaults = Field(default_factory=ProfileBandDefaults)
 
 
-class LengthPenaltyConfig(BaseModel):
-    """``length_penalty``: the group length shaping of ``length-penalties.md`` (decisions.md §2.1).
+class LengthPenaltyConfig(_WarnOnce, BaseModel):
+    """``length_penalty``: the group length shaping (docs/reference/length-penalties.md §2.1).
 
     ``reasoning_tags`` are the opening and closing tags of the reasoning channel (decisions.md §2.5).
     Warnings that the spec wants once per agent are remembered on the instance, i.e. once per run.
@@ -128,6 +165,14 @@ class LengthPenaltyConfig(BaseModel):
         return self.default.enabled or any(
             o is not None and "enabled" in o.model_fields_set and o.enabled for o in overrides.values()
         )
+
+    @property
+    def uses_metadata(self) -> bool:
+        """Whether some agent reads per-prompt metadata (a gate, a band or the profiled penalty, §2.14)."""
+        params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
+        gates = ("group_length_penalty_profile_gate", "profiled_length_penalty")
+        keys = (*gates, *(f"profile_band_{channel}" for channel in BAND_CHANNELS))
+        return bool(self.global_bands) or any(getattr(p, key) for p in params for key in keys)
 
     @property
     def global_bands(self) -> dict[str, ProfileBandChannel]:
@@ -170,20 +215,8 @@ class LengthPenaltyConfig(BaseModel):
             merged.update(overrides[name].model_dump(exclude_unset=True))
         return LengthPenaltyParams.model_validate(merged)
 
-    def warn_once(self, key: tuple[str, ...], message: str, *args: Any) -> None:
-        """Log ``message`` on the ``trl_length_plugin`` logger the first time ``key`` is seen."""
-        if key not in self._warned:
-            self._warned.add(key)
-            logging.getLogger("trl_length_plugin").warning(message, *args)
 
-
-def load_length_penalty_config(path_or_mapping: str | Path | Mapping[str, Any]) -> LengthPenaltyConfig:
-    """Validate a ``length_penalty`` block from a mapping or a YAML file.
-
-    A file may hold the block itself or a mapping whose only key is ``length_penalty``.
-    """
-    if isinstance(path_or_mapping, Mapping):
-        return LengthPenaltyConfig.model_validate(dict(path_or_mapping))
+def _read_yaml(path: Path) -> Any:
     try:
         import yaml
     except ImportError as err:
@@ -191,9 +224,186 @@ def load_length_penalty_config(path_or_mapping: str | Path | Mapping[str, Any]) 
             "Loading a length_penalty YAML file needs PyYAML: pip install 'trl-length-plugin[trl]' "
             "(or pip install pyyaml)"
         ) from err
-    data = yaml.safe_load(Path(path_or_mapping).read_text()) or {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{path_or_mapping}: expected a mapping with the length_penalty block")
-    if set(data) == {"length_penalty"}:
-        data = data["length_penalty"] or {}
-    return LengthPenaltyConfig.model_validate(data)
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
+
+
+def block_mapping(value: Any) -> Any:
+    """The ``length_penalty`` block from a JSON object string or the path of a YAML file (which may hold
+    the block itself or a mapping whose only key is ``length_penalty``); anything else is returned as is."""
+    if isinstance(value, Path) or (isinstance(value, str) and not value.strip().startswith("{")):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(
+                f"{str(value)!r} is neither a JSON object nor the path of a YAML file; give the block as a "
+                "mapping, a JSON string or a file path"
+            )
+        value = _read_yaml(path) or {}
+        if isinstance(value, Mapping) and set(value) == {"length_penalty"}:
+            value = value["length_penalty"] or {}
+    elif isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not valid JSON ({err})") from None
+    if isinstance(value, BaseModel) and not isinstance(value, LengthPenaltyConfig):
+        raise ValueError(f"expected a mapping, got {type(value).__name__}")
+    if not isinstance(value, Mapping | LengthPenaltyConfig):
+        raise ValueError(f"expected a mapping, a JSON string or a YAML file path, got {type(value).__name__}")
+    return value
+
+
+def load_length_penalty_config(path_or_mapping: str | Path | Mapping[str, Any]) -> LengthPenaltyConfig:
+    """Validate a ``length_penalty`` block from a mapping, a JSON string or a YAML file."""
+    block = block_mapping(path_or_mapping)
+    return block if isinstance(block, LengthPenaltyConfig) else LengthPenaltyConfig.model_validate(block)
+
+
+def _block_or_none(value: Any) -> Any:
+    if value is None or (isinstance(value, Mapping) and not value):
+        return None
+    block = block_mapping(value)
+    return None if isinstance(block, Mapping) and not block else block
+
+
+class LengthShapingConfig(_WarnOnce, BaseModel):
+    """Every length-shaping key of a run: the penalty block (docs/reference/length-penalties.md §2), the
+    coefficient with its floor and warm-up (docs/reference/length-coefficient.md §3.1), the reasoning tags
+    (§2.5) and the zero-std filter (§3.3). TRL's config and verl's overrides both parse into it.
+
+    The field names are the keys a user writes (recipe, command line, Hydra override), so a validation
+    error names the key. Dependent keys are checked together.
+    """
+
+    model_config = _STRICT
+
+    length_penalty: Annotated[LengthPenaltyConfig | None, BeforeValidator(_block_or_none)] = None
+    length_penalty_coeff: NonNegative = 0.0
+    length_penalty_min_tokens: Count = 0
+    length_penalty_coeff_warmup_steps: Count = 0
+    reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
+    drop_zero_std_groups: bool = False
+
+    _warned: set[tuple[str, ...]] = PrivateAttr(default_factory=set)
+
+    @field_validator("reasoning_tags")
+    @classmethod
+    def _distinct_tags(cls, tags: tuple[str, str]) -> tuple[str, str]:
+        return LengthPenaltyConfig._distinct_tags(tags)
+
+    @model_validator(mode="after")
+    def _dependent_keys(self) -> LengthShapingConfig:
+        for key in ("length_penalty_coeff_warmup_steps", "length_penalty_min_tokens"):
+            if getattr(self, key) and not self.length_penalty_coeff:
+                raise ValueError(f"{key} needs length_penalty_coeff > 0 (the coefficient it modifies)")
+        block = self.length_penalty
+        if (
+            block is not None
+            and "reasoning_tags" in block.model_fields_set
+            and "reasoning_tags" in self.model_fields_set
+            and block.reasoning_tags != self.reasoning_tags
+        ):
+            raise ValueError(
+                f"reasoning_tags {list(self.reasoning_tags)} disagrees with length_penalty.reasoning_tags "
+                f"{list(block.reasoning_tags)}; set one of them"
+            )
+        return self
+
+    @property
+    def penalties(self) -> LengthPenaltyConfig | None:
+        """The penalty block when it enables some agent, else None."""
+        block = self.length_penalty
+        return block if block is not None and block.any_enabled else None
+
+    @property
+    def penalties_on(self) -> bool:
+        return self.penalties is not None
+
+    @property
+    def coefficient_on(self) -> bool:
+        return self.length_penalty_coeff > 0
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything touches rewards or advantages (else no metrics and no length counting, §2.15)."""
+        return self.penalties_on or self.coefficient_on or self.drop_zero_std_groups
+
+    @property
+    def tags(self) -> tuple[str, str]:
+        """The reasoning tags: this key, or the block's own when only the block sets them (§2.5)."""
+        block = self.length_penalty
+        if block is not None and "reasoning_tags" in block.model_fields_set:
+            return block.reasoning_tags
+        return self.reasoning_tags
+
+    def coeff_at(self, step: int) -> float:
+        """The coefficient at optimizer step ``step``: linear from 0 over the warm-up, then constant."""
+        warmup = self.length_penalty_coeff_warmup_steps
+        if warmup == 0 or step >= warmup:
+            return self.length_penalty_coeff
+        return self.length_penalty_coeff * max(step, 0) / warmup
+
+    def summary(self) -> str:
+        """One line saying what is switched on, for the setup log."""
+        parts = []
+        if self.penalties_on:
+            block = self.penalties
+            params = [block.default, *(o for o in (block.agent_overrides or {}).values() if o is not None)]
+            keys = sorted({k for p in params for k in p.model_fields_set if k != "enabled" and getattr(p, k)})
+            bands = [f"profile_band.defaults.{channel}" for channel in block.global_bands]
+            parts.append(f"group penalties ({', '.join(keys + bands) or 'defaults'})")
+        if self.coefficient_on:
+            warmup = self.length_penalty_coeff_warmup_steps
+            parts.append(
+                f"length coefficient {self.length_penalty_coeff:g} (floor {self.length_penalty_min_tokens} tokens"
+                + (f", warm-up {warmup} steps)" if warmup else ")")
+            )
+        if self.drop_zero_std_groups:
+            parts.append("zero-std filter")
+        return "length shaping: " + ("; ".join(parts) if parts else "off")
+
+    def uses_tokens(self) -> bool:
+        """Whether some agent measures lengths in tokens (a tokenizer is then required, §2.5)."""
+        block = self.penalties
+        if block is None:
+            return False
+        overrides = [o for o in (block.agent_overrides or {}).values() if o is not None]
+        return block.default.length_type == "tokens" or any(
+            "length_type" in o.model_fields_set and o.length_type == "tokens" for o in overrides
+        )
+
+
+#: the keys of ``LengthShapingConfig``, as a user writes them
+SHAPING_KEYS = tuple(LengthShapingConfig.model_fields)
+
+
+def config_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per failed rule, ``key.path: message``, joined by ``; ``: what a user needs to fix the key."""
+    parts = []
+    for item in err.errors():
+        path = ".".join(str(p) for p in (*([prefix] if prefix else []), *item["loc"]))
+        message = item["msg"].removeprefix("Value error, ")
+        parts.append(f"{path}: {message}" if path else message)
+    return "; ".join(parts)
+
+
+class LengthConfigError(ValueError):
+    """A length-shaping key failed validation; the message is one line naming the key path."""
+
+
+def load_shaping_config(values: Mapping[str, Any], prefix: str = "") -> LengthShapingConfig:
+    """Validate the length-shaping keys of ``values`` (other keys must have been removed); raise
+    :class:`LengthConfigError` with a one-line message naming the key on any error."""
+    try:
+        return LengthShapingConfig.model_validate(dict(values))
+    except ValidationError as err:
+        raise LengthConfigError(config_error(err, prefix)) from None
+    except ValueError as err:  # from a before-validator outside pydantic's wrapping (not expected)
+        raise LengthConfigError(str(err)) from None

@@ -1,6 +1,6 @@
 """Prompt groups as padded matrices, so per-group work is one tensor operation (decisions.md §2.2).
 
-Rows are grouped by any hashable id; rows of a group need not be adjacent and groups may differ in size.
+Rows are grouped by integer ids; rows of a group need not be adjacent and groups may differ in size.
 ``GroupLayout`` packs the rows into slot-major ``[width, groups]`` matrices, one per power-of-two
 width (a single one when groups have equal sizes), each row in a slot of its group in row order, and
 splits them into buckets of at most ``CHUNK_SLOTS`` slots, so temporaries stay a few MB however large
@@ -28,12 +28,30 @@ BIG = 1e300  # larger than any length or reward, small enough that BIG + x == BI
 CHUNK_SLOTS = 131_072  # slots per bucket: a [8, 3, 16384] float64 matrix is 3 MB
 
 
+def _integer_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.Tensor | list[int]:
+    """The ids as an int64 tensor, or a list of Python ints (which may exceed int64); anything that is not
+    integers (floats, NaN, bools, strings, None) is a ValueError naming ``group_index``."""
+    if isinstance(group_index, torch.Tensor):
+        if group_index.is_floating_point() or group_index.is_complex() or group_index.dtype == torch.bool:
+            raise ValueError(f"group_index must be integers, got a {group_index.dtype} tensor")
+        return group_index.reshape(-1).long()
+    if isinstance(group_index, np.ndarray) and group_index.dtype != object:
+        if group_index.dtype.kind not in "iu":
+            raise ValueError(f"group_index must be integers, got a {group_index.dtype} array")
+        return torch.from_numpy(group_index.reshape(-1).astype(np.int64))
+    items = group_index.tolist() if isinstance(group_index, np.ndarray) else list(group_index)
+    if not set(map(type, items)) <= {int}:
+        bad = next((x for x in items if isinstance(x, bool) or not isinstance(x, int | np.integer)), None)
+        if bad is not None:
+            raise ValueError(f"group_index must be integers, got {bad!r} ({type(bad).__name__})")
+        items = [int(x) for x in items]
+    return items
+
+
 def dense_group_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Map arbitrary group ids to ``0..G-1`` (int64), numbering groups by first appearance."""
-    if isinstance(group_index, torch.Tensor) or (
-        isinstance(group_index, np.ndarray) and group_index.dtype.kind in "iub"
-    ):
-        ids = torch.as_tensor(group_index).reshape(-1).long()
+    """Map integer group ids to ``0..G-1`` (int64), numbering groups by first appearance."""
+    ids = _integer_ids(group_index)
+    if isinstance(ids, torch.Tensor):
         if ids.numel() < 2 or bool((ids[1:] >= ids[:-1]).all()):
             return torch.unique_consecutive(ids, return_inverse=True)[1]
         _, inverse = torch.unique(ids, return_inverse=True)
@@ -42,9 +60,8 @@ def dense_group_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.
         rank = torch.empty_like(first)
         rank[torch.argsort(first)] = torch.arange(first.numel())
         return rank[inverse]
-    items = group_index.tolist() if isinstance(group_index, np.ndarray) else list(group_index)
-    codes = {key: code for code, key in enumerate(dict.fromkeys(items))}
-    return torch.from_numpy(np.fromiter(map(codes.__getitem__, items), dtype=np.int64, count=len(items)))
+    codes = {key: code for code, key in enumerate(dict.fromkeys(ids))}
+    return torch.from_numpy(np.fromiter(map(codes.__getitem__, ids), dtype=np.int64, count=len(ids)))
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,34 @@
-"""Per-prompt metadata as per-group tensors (decisions.md §2.10, §2.12-2.14).
+"""Per-prompt metadata: parsed once per prompt, then merged per group (docs/reference/length-penalties.md
+§2.10, §2.12-2.14).
 
-Each group reads the metadata of its first row (the fields are per prompt). A malformed entry is
-ignored for that group and channel and reported in ``invalid`` so the caller can warn and count it;
-it never raises:
+:func:`parse_prompt_metadata` turns per-prompt entries (mappings with ``profiled_rewards``,
+``profiled_output_lengths``, ``profile_band``; any may be missing) into a :class:`PromptMetadata` table of
+tensors; :class:`MetadataCache` keeps that table by prompt key, so a host parses each prompt once per run;
+:func:`merge_group_metadata` merges a group's entry over the config's global bands.
 
-- a ``profile_band`` that is not a mapping, or a channel block that is not a mapping, lacks ``a``,
-  ``b`` or ``f``, has a value that is not a finite int/float (bools and strings are not numbers), has
-  ``b <= a`` or ``f`` outside [0, 1];
-- ``profiled_rewards`` / ``profiled_output_lengths`` (both present) that are not lists or tuples of
-  the same length whose values convert to finite floats.
+A malformed entry is flagged in ``PromptMetadata.invalid`` (the caller warns and counts it) and never
+raises. Malformed (reference §2.12, §2.14):
 
-Conversion runs in bulk over the groups (C-level ``map(dict.get, ...)`` columns, one flat list per
-field, no Python loop per group); integers, the usual lengths and 0/1 rewards, convert at C speed
-through ``bytes`` or ``struct`` and anything else through numpy. The per-entry parsers below define
-what is valid and handle batches holding anything but plain dicts, lists and numbers.
+- a ``profile_band`` that is not a mapping (every channel flagged), or a channel name other than
+  ``total``/``reasoning``/``answer`` (flagged under ``channel_name``; the known channels are still read);
+- a channel block that is not a mapping, lacks ``a``, ``b`` or ``f``, has a value that is not a real number
+  (bools and strings are not numbers), is not finite, is above ``MAX_LENGTH`` in size, has ``b <= a`` or
+  ``f`` outside [0, 1];
+- ``profiled_rewards`` / ``profiled_output_lengths`` (both present) that are not sequences of the same
+  length of real numbers (a reward may be a bool), or a length that is negative or above ``MAX_LENGTH``.
+
+Numbers may be Python, numpy or 0-d tensor scalars; sequences lists, tuples, 1-D numpy arrays or tensors.
+
+Plain Python dicts, lists and numbers convert in bulk (C-level ``map`` columns; integers through ``bytes``
+or ``struct``); anything else goes through the per-entry parsers, which define what is valid.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import is_not
@@ -31,16 +39,49 @@ import torch
 
 from .config import BAND_CHANNELS, ProfileBandChannel
 
+MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
 PROFILED = "profiled"
-METADATA_KEYS = (*BAND_CHANNELS, PROFILED)  # the names ``invalid`` is keyed by
+CHANNEL_NAME = "channel_name"
+METADATA_KEYS = (*BAND_CHANNELS, PROFILED, CHANNEL_NAME)  # the columns of ``PromptMetadata.invalid``
+_BAND_KEYS = frozenset(BAND_CHANNELS)
 _INVALID = object()  # a malformed entry
+_PLAIN = {int, float}
+
+
+@dataclass
+class PromptMetadata:
+    """Parsed metadata of P prompts, independent of any config.
+
+    ``bands`` (P, channel, 3): ``a, b, f`` per ``BAND_CHANNELS`` channel, NaN where absent or malformed;
+    ``profiled`` (P, 3): count, sum and sum of squares of the passing profiled lengths (count 0: none);
+    ``invalid`` (P, len(METADATA_KEYS)) bool: what was malformed.
+    """
+
+    bands: torch.Tensor
+    profiled: torch.Tensor
+    invalid: torch.Tensor
+
+    @classmethod
+    def empty(cls, n: int) -> PromptMetadata:
+        return cls(
+            torch.full((n, len(BAND_CHANNELS), 3), math.nan, dtype=torch.float64),
+            torch.zeros((n, 3), dtype=torch.float64),
+            torch.zeros((n, len(METADATA_KEYS)), dtype=torch.bool),
+        )
+
+    def __len__(self) -> int:
+        return self.bands.shape[0]
+
+    def take(self, index: torch.Tensor) -> PromptMetadata:
+        """The rows ``index`` (e.g. each group's prompt)."""
+        return PromptMetadata(self.bands[index], self.profiled[index], self.invalid[index])
 
 
 @dataclass
 class GroupMetadata:
-    """Per-group tensors: ``bands[channel]`` is (G, 3) ``a, b, f`` merged over the global defaults (NaN
-    rows: no band); ``profiled_*`` describe the passing profiled lengths (count 0: no usable profile);
-    ``invalid[key]`` (G,) flags a malformed channel or profile."""
+    """Per-group tensors the algorithms read: ``bands[channel]`` (G, 3) merged over the global defaults
+    (NaN rows: no band); the passing profiled lengths' count, sum and sum of squares; ``invalid[key]`` (G,)
+    for the parts the config reads."""
 
     bands: dict[str, torch.Tensor]
     profiled_count: torch.Tensor
@@ -51,8 +92,8 @@ class GroupMetadata:
     def profiled_threshold(self, n_std: torch.Tensor, min_samples: torch.Tensor) -> torch.Tensor:
         """mean + n_std * sample std of the passing profiled lengths, NaN below ``min_samples`` (§2.10).
 
-        The variance is ``(n * sum(x^2) - sum(x)^2) / (n (n - 1))``: exact for integer lengths, hence
-        the correctly rounded value of ``statistics.variance``.
+        The variance is ``(n * sum(x^2) - sum(x)^2) / (n (n - 1))``: exact for integer lengths up to
+        ``MAX_LENGTH``, hence the correctly rounded value of ``statistics.variance``.
         """
         n = self.profiled_count.double()
         mean = self.profiled_sum / n
@@ -61,8 +102,95 @@ class GroupMetadata:
         return (mean + n_std * std).masked_fill(n < min_samples, math.nan)
 
 
-def _real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def merge_group_metadata(
+    prompts: PromptMetadata | None,
+    global_bands: Mapping[str, ProfileBandChannel],
+    num_groups: int,
+    read_bands: bool = True,
+    read_profiles: bool = True,
+) -> GroupMetadata:
+    """Each group's bands merged over ``global_bands`` per channel (the row's channel wins, §2.12); only
+    the parts asked for are read (and flagged). ``prompts`` holds one row per group, or None."""
+    prompts = PromptMetadata.empty(num_groups) if prompts is None else prompts
+    bands, invalid = {}, {}
+    for i, channel in enumerate(BAND_CHANNELS):
+        band = global_bands.get(channel)
+        default = (band.a, band.b, band.f) if band is not None else (math.nan,) * 3
+        own = (
+            prompts.bands[:, i] if read_bands else torch.full((num_groups, 3), math.nan, dtype=torch.float64)
+        )
+        absent = torch.isnan(own[:, :1])
+        bands[channel] = torch.where(absent, torch.tensor(default, dtype=torch.float64), own)
+    for column, key in enumerate(METADATA_KEYS):
+        read = read_profiles if key == PROFILED else read_bands
+        invalid[key] = prompts.invalid[:, column] if read else torch.zeros(num_groups, dtype=torch.bool)
+    profiled = prompts.profiled if read_profiles else torch.zeros((num_groups, 3), dtype=torch.float64)
+    count, total, total_sq = profiled.unbind(1)
+    return GroupMetadata(bands, count.long(), total, total_sq, invalid)
+
+
+# -- per-entry parsers: what is valid ----------------------------------------------------------------------
+def _number(value: Any, bools: bool = False) -> float | None:
+    """A finite real number as a float, None when ``value`` is not one (a bool only with ``bools``)."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        if value.ndim != 0 or value.dtype in (np.bool_, torch.bool) and not bools:
+            return None
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)):
+        return float(value) if bools else None
+    if not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _length(value: Any) -> float | None:
+    number = _number(value)
+    return number if number is not None and abs(number) <= MAX_LENGTH else None
+
+
+def _band(block: Any) -> tuple[float, float, float] | None | object:
+    """A channel block as ``(a, b, f)``, None when absent, ``_INVALID`` when malformed."""
+    if block is None or block is _INVALID:
+        return block
+    if not isinstance(block, Mapping):
+        return _INVALID
+    a, b, f = _length(block.get("a")), _length(block.get("b")), _number(block.get("f"))
+    if a is None or b is None or f is None or b <= a or not 0 <= f <= 1:
+        return _INVALID
+    return a, b, f
+
+
+def _sequence(values: Any) -> list | None:
+    """A list, tuple, 1-D numpy array or 1-D tensor as a list; None for anything else."""
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    if isinstance(values, (np.ndarray, torch.Tensor)) and values.ndim == 1:
+        return values.tolist()
+    return None
+
+
+def _profile(rewards: Any, lengths: Any) -> np.ndarray | None | object:
+    """The passing profiled lengths, None when either list is absent, ``_INVALID`` when malformed."""
+    if rewards is None or lengths is None:
+        return None
+    r, x = _sequence(rewards), _sequence(lengths)
+    if r is None or x is None or len(r) != len(x):
+        return _INVALID
+    r = [_number(value, bools=True) for value in r]
+    x = [_length(value) for value in x]
+    if None in r or None in x or any(value < 0 for value in x):
+        return _INVALID
+    return np.array([length for reward, length in zip(r, x, strict=True) if reward > 0], dtype=np.float64)
+
+
+# -- bulk conversion ----------------------------------------------------------------------------------------
+def _given(items: list[Any]) -> np.ndarray:
+    """(n,) flags: the item is not None (by identity: items may be numpy arrays)."""
+    return np.fromiter(map(is_not, items, repeat(None)), dtype=bool, count=len(items))
 
 
 def _get(mapping: Any, key: str) -> Any:
@@ -77,112 +205,93 @@ def _columns(items: list[Any], keys: tuple[str, ...]) -> list[list[Any]]:
     C-level ``map`` per key when every item is a dict."""
     if set(map(type, items)) <= {dict}:
         return [list(map(dict.get, items, repeat(key))) for key in keys]
-    return [[item.get(key) if type(item) is dict else _get(item, key) for item in items] for key in keys]
+    return [[_get(item, key) for item in items] for key in keys]
 
 
-def _given(items: list[Any]) -> np.ndarray:
-    """(n,) flags: the item is not None."""
-    missing = items.count(None)
-    if missing in (0, len(items)):
-        return np.full(len(items), missing == 0)
-    return np.fromiter(map(is_not, items, repeat(None)), dtype=bool, count=len(items))
-
-
-def _band(block: Any) -> tuple[float, float, float] | None | object:
-    """A channel block as ``(a, b, f)``, None when absent, ``_INVALID`` when malformed."""
-    if block is None or block is _INVALID:
-        return block
-    if not isinstance(block, Mapping):
-        return _INVALID
-    a, b, f = block.get("a"), block.get("b"), block.get("f")
-    if not (_real(a) and _real(b) and _real(f)) or b <= a or not 0 <= f <= 1:
-        return _INVALID
-    return float(a), float(b), float(f)
-
-
-def _floats(values: Any) -> np.ndarray | None:
-    """A list or tuple of values as a 1-D float64 array, None when it is not one."""
-    if not isinstance(values, (list, tuple)):
-        return None
-    try:
-        array = np.array(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        return None
-    return array if array.ndim == 1 else None
-
-
-def _numbers(values: list[Any]) -> np.ndarray | None:
-    """``values`` as a 1-D float64 array (the conversion of ``_floats``), None when one does not convert.
-
-    Integers convert at C speed, through ``bytes`` when all are in 0..255 (0/1 rewards), else through
-    ``struct``; anything else goes through numpy's per-item conversion (several times slower)."""
+def _integers(values: list[Any]) -> np.ndarray | None:
+    """Plain integers as float64 at C speed (``bytes`` for 0..255, else ``struct``); None otherwise."""
     try:
         return np.frombuffer(bytes(values), dtype=np.uint8).astype(np.float64)
     except (TypeError, ValueError):  # not all integers in 0..255
         pass
     try:
         packed = struct.pack(f"{len(values)}q", *values)
-    except struct.error:  # a float, a string, an integer beyond int64, ...
-        return _floats(values)
+    except (struct.error, OverflowError):  # a float, a string, an integer beyond int64, ...
+        return None
     return np.frombuffer(packed, dtype=np.int64).astype(np.float64)
 
 
-def _profile(rewards: Any, lengths: Any) -> np.ndarray | None | object:
-    """The passing profiled lengths, None when either list is absent, ``_INVALID`` when malformed."""
-    if rewards is None or lengths is None:
+def _plain_numbers(values: list[Any]) -> np.ndarray | None:
+    """Values that are all plain ints or floats (no bool) as float64; None for anything else."""
+    if not set(map(type, values)) <= _PLAIN:
         return None
-    r, x = _floats(rewards), _floats(lengths)
-    if r is None or x is None or r.size != x.size or not (np.isfinite(r).all() and np.isfinite(x).all()):
-        return _INVALID
-    return x[r > 0]
+    converted = _integers(values)
+    if converted is None:
+        try:
+            converted = np.array(values, dtype=np.float64)
+        except OverflowError:  # an integer beyond float range
+            return None
+    return converted
 
 
-def _channel_bands(blocks: list[Any], default: tuple[float, float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """(n, 3) ``a, b, f`` (the default where absent or malformed) and (n,) malformed flags."""
+def _channel_bands(blocks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 3) ``a, b, f`` (NaN where absent or malformed) and (n,) malformed flags."""
     n = len(blocks)
-    values = np.tile(np.array(default, dtype=np.float64), (n, 1))
+    values = np.full((n, 3), math.nan)
     bad = np.zeros(n, dtype=bool)
     flags = _given(blocks)
     if not flags.any():
         return values, bad
     present, given_blocks = np.flatnonzero(flags), list(compress(blocks, flags))
     if set(map(type, given_blocks)) <= {dict}:
-        a, b, f = (list(map(dict.get, given_blocks, repeat(key))) for key in "abf")
-        fields = a + b + f
-        if set(map(type, fields)) <= {int, float}:  # no bool, string or missing value
-            given = np.frombuffer(struct.pack(f"{len(fields)}d", *fields), dtype=np.float64).reshape(3, -1)
-            a, b, f = given
-            good = np.isfinite(given).all(0) & (b > a) & (f >= 0) & (f <= 1)
-            values[present[good]] = given.T[good]
-            bad[present[~good]] = True
-            return values, bad
+        fields = list(chain.from_iterable(map(dict.get, given_blocks, repeat(key)) for key in "abf"))
+        if set(map(type, fields)) <= _PLAIN:  # no bool, string, array or missing value
+            try:
+                given = np.frombuffer(struct.pack(f"{len(fields)}d", *fields), dtype=np.float64)
+            except OverflowError:  # an integer beyond float range: the per-entry path flags it
+                given = None
+            if given is not None:
+                a, b, f = given = given.reshape(3, -1)
+                good = (np.abs(given[:2]) <= MAX_LENGTH).all(0) & np.isfinite(f)
+                good &= (b > a) & (f >= 0) & (f <= 1)
+                values[present[good]] = given.T[good]
+                bad[present[~good]] = True
+                return values, bad
     parsed = [_band(block) for block in blocks]
-    values = np.array([default if p is None or p is _INVALID else p for p in parsed], dtype=np.float64)
-    return values.reshape(-1, 3), np.array([p is _INVALID for p in parsed], dtype=bool)
+    for i, p in enumerate(parsed):
+        if p is _INVALID:
+            bad[i] = True
+        elif p is not None:
+            values[i] = p
+    return values, bad
 
 
-def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
-    """Per group: count, sum and sum of squares of the passing profiled lengths, and malformed flags."""
+def _flat_profiles(rewards: list[Any], lengths: list[Any], present: np.ndarray) -> tuple | None:
+    """The bulk path of :func:`_profiles` for lists of plain numbers; None when it does not apply."""
+    if not set(map(type, rewards)) | set(map(type, lengths)) <= {list, tuple}:
+        return None
+    sizes = list(map(len, rewards))
+    if sizes != list(map(len, lengths)):
+        return None
+    flat_r = _plain_numbers(list(chain.from_iterable(rewards)))
+    flat_x = None if flat_r is None else _plain_numbers(list(chain.from_iterable(lengths)))
+    if flat_x is None:
+        return None
+    owner = np.repeat(np.flatnonzero(present), sizes)
+    good = np.isfinite(flat_r) & np.isfinite(flat_x) & (flat_x >= 0) & (flat_x <= MAX_LENGTH)
+    bad, passing = np.zeros(len(present), dtype=bool), flat_r > 0
+    if not good.all():
+        bad[owner[~good]] = True
+        passing &= ~bad[owner]
+    return flat_x, owner, passing, bad
+
+
+def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 3) count, sum and sum of squares of the passing profiled lengths, and (n,) malformed flags."""
     n = len(rewards)
     present = _given(rewards) & _given(lengths)
-    given_r, given_x = rewards, lengths
-    if not present.all():
-        given_r, given_x = list(compress(rewards, present)), list(compress(lengths, present))
-    flat = None
-    if set(map(type, given_r)) | set(map(type, given_x)) <= {list, tuple}:
-        sizes = list(map(len, given_r))
-        if sizes == list(map(len, given_x)):
-            flat_r = _numbers(list(chain.from_iterable(given_r)))
-            flat_x = None if flat_r is None else _numbers(list(chain.from_iterable(given_x)))
-            if flat_x is not None:
-                owner = np.repeat(np.flatnonzero(present), sizes)
-                finite = np.isfinite(flat_r) & np.isfinite(flat_x)
-                bad, passing = np.zeros(n, dtype=bool), flat_r > 0
-                if not finite.all():
-                    bad[owner[~finite]] = True
-                    passing &= ~bad[owner]
-                flat = flat_x, owner, passing, bad
-    if flat is None:  # anything but lists of numbers: one group at a time
+    flat = _flat_profiles(list(compress(rewards, present)), list(compress(lengths, present)), present)
+    if flat is None:  # anything but lists of plain numbers: one entry at a time
         parsed = [_profile(r, x) for r, x in zip(rewards, lengths, strict=True)]
         kept = [p if isinstance(p, np.ndarray) else np.empty(0) for p in parsed]
         flat_x = np.concatenate(kept) if kept else np.empty(0)
@@ -190,45 +299,87 @@ def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, ...]:
         flat = flat_x, owner, np.ones(flat_x.size, dtype=bool), np.array([p is _INVALID for p in parsed])
     flat_x, owner, passing, bad = flat
     x = np.where(passing, flat_x, 0.0)
-    return (
-        np.bincount(owner, weights=passing, minlength=n).astype(np.int64),
-        np.bincount(owner, weights=x, minlength=n),
-        np.bincount(owner, weights=x * x, minlength=n),
-        bad.astype(bool),
+    stats = np.stack(
+        [
+            np.bincount(owner, weights=passing, minlength=n),
+            np.bincount(owner, weights=x, minlength=n),
+            np.bincount(owner, weights=x * x, minlength=n),
+        ],
+        axis=1,
+    )
+    return stats, bad.astype(bool)
+
+
+def _unknown_channels(blocks: list[Any]) -> np.ndarray:
+    """(n,) flags: a band mapping with a key other than the three channel names."""
+    return np.fromiter(
+        (isinstance(b, Mapping) and not b.keys() <= _BAND_KEYS for b in blocks), dtype=bool, count=len(blocks)
     )
 
 
-def group_metadata(
-    group_meta: list[Any] | None,
-    global_bands: Mapping[str, ProfileBandChannel],
-    num_groups: int,
-    read_bands: bool = True,
-    read_profiles: bool = True,
-) -> GroupMetadata:
-    """Convert each group's metadata (None: no metadata), merging bands over ``global_bands`` per
-    channel (the row's channel wins, §2.12). Only the parts asked for are read."""
-    defaults = {
-        ch: (band.a, band.b, band.f) if (band := global_bands.get(ch)) is not None else (math.nan,) * 3
-        for ch in BAND_CHANNELS
-    }
-    bands = {
-        ch: torch.tensor(defaults[ch], dtype=torch.float64).expand(num_groups, 3) for ch in BAND_CHANNELS
-    }
-    no_flags = torch.zeros(num_groups, dtype=torch.bool)
-    invalid = dict.fromkeys(METADATA_KEYS, no_flags)
-    zeros = torch.zeros(num_groups, dtype=torch.float64)
-    count, total, total_sq = zeros.long(), zeros, zeros
-    if not group_meta or group_meta.count(None) == len(group_meta):
-        return GroupMetadata(bands, count, total, total_sq, invalid)
+def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
+    """Parse one metadata entry per prompt (a mapping or None); never raises on malformed entries."""
+    entries = list(entries)
+    table = PromptMetadata.empty(len(entries))
+    if not entries or not _given(entries).any():
+        return table
+    keys = ("profile_band", "profiled_rewards", "profiled_output_lengths")
+    blocks, rewards, lengths = _columns(entries, keys)
+    invalid = np.zeros((len(entries), len(METADATA_KEYS)), dtype=bool)
+    for i, channel_blocks in enumerate(_columns(blocks, BAND_CHANNELS)):
+        values, invalid[:, i] = _channel_bands(channel_blocks)
+        table.bands[:, i] = torch.from_numpy(values)
+    stats, invalid[:, METADATA_KEYS.index(PROFILED)] = _profiles(rewards, lengths)
+    invalid[:, METADATA_KEYS.index(CHANNEL_NAME)] = _unknown_channels(blocks)
+    table.profiled = torch.from_numpy(stats)
+    table.invalid = torch.from_numpy(invalid)
+    return table
 
-    keys = ("profile_band",) * read_bands + ("profiled_rewards", "profiled_output_lengths") * read_profiles
-    columns = dict(zip(keys, _columns(group_meta, keys), strict=True))
-    if read_bands:
-        blocks = _columns(columns["profile_band"], BAND_CHANNELS)
-        for ch, channel_blocks in zip(BAND_CHANNELS, blocks, strict=True):
-            values, bad = _channel_bands(channel_blocks, defaults[ch])
-            bands[ch], invalid[ch] = torch.from_numpy(values), torch.from_numpy(bad)
-    if read_profiles:
-        profile = _profiles(columns["profiled_rewards"], columns["profiled_output_lengths"])
-        count, total, total_sq, invalid[PROFILED] = map(torch.from_numpy, profile)
-    return GroupMetadata(bands, count, total, total_sq, invalid)
+
+class MetadataCache:
+    """Parsed metadata by prompt key: each prompt is parsed the first time its key is seen, then looked up
+    (reference §2.14). Bounded: past ``max_prompts`` keys the cache starts afresh (a host streaming prompts
+    re-parses at most once per ``max_prompts`` new prompts). ``parsed`` counts the entries parsed so far."""
+
+    def __init__(self, max_prompts: int = 1 << 20):
+        if max_prompts < 1:
+            raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
+        self.max_prompts = max_prompts
+        self.parsed = 0
+        self._rows: dict[Hashable, int] = {}
+        self._table = PromptMetadata.empty(0)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def lookup(
+        self, keys: Sequence[Hashable], fetch: Callable[[list[Hashable]], Sequence[Any]]
+    ) -> PromptMetadata:
+        """The metadata of each key; ``fetch(new_keys)`` returns the entries of keys not seen before."""
+        new = [key for key in dict.fromkeys(keys) if key not in self._rows]
+        if len(self._rows) + len(new) > self.max_prompts:
+            self._rows, self._table = {}, PromptMetadata.empty(0)
+            new = list(dict.fromkeys(keys))
+        if new:
+            entries = fetch(new)
+            if len(entries) != len(new):
+                raise ValueError(f"fetch returned {len(entries)} metadata entries for {len(new)} prompts")
+            self._store(new, parse_prompt_metadata(entries))
+        index = torch.from_numpy(
+            np.fromiter(map(self._rows.__getitem__, keys), dtype=np.int64, count=len(keys))
+        )
+        return self._table.take(index)
+
+    def _store(self, keys: list[Hashable], parsed: PromptMetadata) -> None:
+        """Append the parsed rows; the table's capacity doubles when full (amortized linear cost)."""
+        start = len(self._rows)
+        end = start + len(keys)
+        if end > len(self._table):
+            grown = PromptMetadata.empty(max(end, 2 * len(self._table)))
+            for name in ("bands", "profiled", "invalid"):
+                getattr(grown, name)[:start] = getattr(self._table, name)[:start]
+            self._table = grown
+        for name in ("bands", "profiled", "invalid"):
+            getattr(self._table, name)[start:end] = getattr(parsed, name)
+        self._rows.update(zip(keys, range(start, end), strict=True))
+        self.parsed += len(keys)

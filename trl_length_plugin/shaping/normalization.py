@@ -14,6 +14,7 @@ normalization computed on the shaped rewards:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -22,6 +23,20 @@ from .batch import as_float_tensor
 from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_max, row_min, row_sum
 
 ALL_CORRECT_MIN_RANGE = 1e-6  # §3.3
+
+
+@dataclass(frozen=True)
+class GroupNormalization:
+    """A host's group normalization of mixed groups (the keyword arguments of :func:`group_advantages`)."""
+
+    scale_by_std: bool = True
+    std_eps: float = 1e-4
+    std_scope: Literal["group", "batch"] = "group"
+    single_row_stats: tuple[float, float] | None = None
+
+
+#: TRL ``GRPOTrainer`` with ``scale_rewards="group"``
+TRL_NORMALIZATION = GroupNormalization()
 
 
 def _inputs(shaped: Any, raw: Any, group_index: Any) -> tuple[torch.Tensor, torch.Tensor, GroupLayout]:
@@ -47,11 +62,14 @@ def group_advantages(
     *,
     std_scope: Literal["group", "batch"] = "group",
     single_row_stats: tuple[float, float] | None = None,
+    plain_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages per row from shaped rewards (decisions.md §3.3), in the dtype of ``shaped``.
 
     ``single_row_stats``: the (mean, std) a group of one row uses (verl: ``(0.0, 1.0)``); ``None`` gives
-    such a mixed group the advantage 0 (TRL, where its std is undefined).
+    such a mixed group the advantage 0 (TRL, where its std is undefined). ``plain_rows`` (per row, bool):
+    the groups of these rows get the host normalization whatever their raw rewards (groups the coefficient
+    skipped, reference §3.1).
     """
     values, truth, layout = _inputs(shaped, raw, group_index)
     x = values.double()
@@ -77,6 +95,9 @@ def group_advantages(
             mixed = mixed.nan_to_num(0.0) * ~alone + single * alone
         all_correct = _all_correct(bucket, truth)
         all_wrong = ~row_any((bucket.pack(truth) > 0) & bucket.valid)
+        if plain_rows is not None:
+            plain = row_any(bucket.pack(plain_rows, False) & bucket.valid)
+            all_correct, all_wrong = all_correct & ~plain, all_wrong & ~plain
         advantage = mixed.nan_to_num(0.0) * ~all_correct + centred * all_correct
         parts.append(advantage * (valid & ~all_wrong))
     return layout.unpack(parts).to(values.dtype)

@@ -1,4 +1,5 @@
-"""Per-group records of what the length shaping did, for ``verbose`` logs (decisions.md §2.13).
+"""Per-group records of what the length shaping did, for ``verbose`` logs
+(docs/reference/length-penalties.md §2.13).
 
 Built only when ``verbose`` is on, so the default path never loops over groups.
 """
@@ -7,25 +8,26 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .band import GATE_REASONS
+from .agents import AgentParams
+from .batch import RolloutBatch
+from .config import BAND_CHANNELS
+from .correctness import GroupKinds
 from .groups import GroupLayout
-
-if TYPE_CHECKING:
-    from .batch import RolloutBatch
-    from .penalties import AgentParams
+from .terms import ADDITIVE_OUTPUTS
+from .terms.profile_gate import GATE_REASONS
 
 logger = logging.getLogger("trl_length_plugin")
 
 
 @dataclass
 class GroupRecord:
-    """One prompt group: ``status`` is ``shaped``, ``disabled`` or ``non_binary``; ``gate`` holds the
-    profile gate (``reason`` one of ``band.GATE_REASONS``) when the agent enables it; ``terms`` maps each
-    additive term (``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
+    """One prompt group: ``status`` is ``shaped``, ``disabled``, ``missing`` (a correctness reward is
+    missing) or ``non_binary``; ``gate`` holds the profile gate (``reason`` one of ``GATE_REASONS``) when
+    the agent enables it; ``terms`` maps each additive term (``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
     ``pass_rate``, ...) and ``band_multipliers`` each band channel to per-row values in row order."""
 
     group: Any
@@ -41,19 +43,31 @@ class GroupRecord:
     shaped: list[float]
 
 
+def _status(processed: bool, enabled: bool, missing: bool) -> str:
+    if processed:
+        return "shaped"
+    if not enabled:
+        return "disabled"
+    return "missing" if missing else "non_binary"
+
+
 def build_records(
     batch: RolloutBatch,
     params: AgentParams,
+    kinds: GroupKinds,
     processed: torch.Tensor,
-    skipped: torch.Tensor,
-    gate: dict[str, torch.Tensor],
+    out: dict[str, torch.Tensor],
+    limits: torch.Tensor,
     profiled_threshold: torch.Tensor,
-    terms: dict[str, torch.Tensor],
-    multipliers: dict[str, torch.Tensor],
     shaped: torch.Tensor,
 ) -> list[GroupRecord]:
-    """One record per group, groups in order of first appearance."""
+    """One record per group, groups in order of first appearance; ``out`` holds the engine's unpacked
+    outputs (``term:<name>``, ``band:<channel>``, ``group:gate_*``)."""
     layout = batch.layout
+    terms = {name: out.get(f"term:{name}", torch.zeros_like(shaped)) for name in ADDITIVE_OUTPUTS}
+    multipliers = {name: out.get(f"band:{name}", torch.ones_like(shaped)) for name in BAND_CHANNELS}
+    gate = {name: out[f"group:gate_{name}"] for name in ("open", "mean", "reason")}
+    gate["limit"] = limits
     order = torch.argsort(layout.gid * layout.num_rows + torch.arange(layout.num_rows)).tolist()
     starts = (torch.cumsum(layout.sizes, 0) - layout.sizes).tolist()
     ids = batch.group_index
@@ -69,11 +83,12 @@ def build_records(
     term_lists = {name: values.tolist() for name, values in terms.items()}
     band_lists = {name: values.tolist() for name, values in multipliers.items()}
     gate_on = params["group_length_penalty_profile_gate"].tolist()
+    enabled = params["enabled"]
     records = []
     for group, size in enumerate(layout.sizes.tolist()):
         rows = order[starts[group] : starts[group] + size]
         params_of = params.params[int(params.codes[group])]
-        status = "shaped" if processed[group] else "non_binary" if skipped[group] else "disabled"
+        status = _status(bool(processed[group]), bool(enabled[group]), bool(kinds.missing[group]))
         gate_info = None
         if gate_on[group] and status == "shaped":
             gate_info = {

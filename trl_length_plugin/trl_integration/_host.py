@@ -1,18 +1,26 @@
-"""The one place that knows which TRL this integration was written against (DEVELOPERS.md: host patches).
+"""Every TRL internal the integration relies on, named and checked (DEVELOPERS.md: host patches).
 
-``LengthPluginGRPOTrainer`` overrides private ``GRPOTrainer`` methods. At setup we check that TRL is the
-release line we built for and that each overridden method still has the signature we call, so a TRL
-upgrade fails loudly at construction instead of training on silently wrong rewards.
+``LengthPluginGRPOTrainer`` overrides private ``GRPOTrainer`` methods and reads or writes some of their
+data. :func:`check_trl_host` checks at setup that TRL is the release line we built for and that each
+overridden method still has the signature we call; the ``check_*`` functions below check, on first use,
+the shapes of the data we read (the tuple ``_generate`` returns, the keys of the scored batch, the ``_logs``
+deque we rewrite). A mismatch fails closed with a message naming the internal and the supported TRL,
+instead of training on silently wrong rewards.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections import deque
+from collections.abc import Mapping
+
+from packaging.version import Version
 
 from trl_length_plugin._optional import require
 
-#: the TRL release this integration was written and tested against
+#: the TRL release this integration was written and tested against, and the range it accepts
 BUILT_FOR_TRL = "1.16.0"
+SUPPORTED_TRL = (Version("1.16.0"), Version("1.17"))
 
 #: the private GRPOTrainer methods the subclass overrides, with the parameters it relies on
 OVERRIDDEN_METHODS = {
@@ -21,21 +29,53 @@ OVERRIDDEN_METHODS = {
     "_generate_and_score_completions": ("self", "inputs"),
     "_compute_loss": ("self", "model", "inputs"),
 }
+#: the tuple ``GRPOTrainer._generate`` returns; the integration reads ``tool_mask``
+GENERATE_OUTPUT = (
+    "prompt_ids",
+    "completion_ids",
+    "tool_mask",
+    "completions",
+    "logprobs",
+    "extra_fields",
+    "images",
+    "tool_images",
+)
+TOOL_MASK = GENERATE_OUTPUT.index("tool_mask")
+COMPLETION_IDS = GENERATE_OUTPUT.index("completion_ids")
+#: keys of ``_generate_and_score_completions``' batch the integration reads or rewrites
+SCORED_KEYS = ("completion_mask", "advantages", "num_items_in_batch")
+#: ``GRPOTrainer.__init__`` attributes the integration reads
+TRAINER_ATTRIBUTES = (
+    "reward_funcs",
+    "reward_func_names",
+    "reward_processing_classes",
+    "reward_weights",
+    "_metrics",
+    "_logs",
+    "num_generations",
+    "eos_token_ids",
+    "_tokenizer",
+)
 
 
-def _release_line(version: str) -> tuple[str, ...]:
-    return tuple(version.split("+")[0].split(".")[:2])
+class TRLHostError(RuntimeError):
+    """The installed TRL differs from what the integration was built for."""
+
+    def __init__(self, problem: str):
+        super().__init__(
+            f"trl-length-plugin's TRL integration was built for trl=={BUILT_FOR_TRL} (supports "
+            f">={SUPPORTED_TRL[0]},<{SUPPORTED_TRL[1]}) and relies on GRPOTrainer internals; {problem}. "
+            f"Install trl=={BUILT_FOR_TRL}."
+        )
 
 
 def check_trl_host() -> None:
-    """Raise a RuntimeError naming ``BUILT_FOR_TRL`` when the installed TRL is not compatible."""
+    """At setup: the TRL version and the signature of every overridden method."""
     trl = require("trl", "trl")
-    installed = trl.__version__
     problems = []
-    if _release_line(installed) != _release_line(BUILT_FOR_TRL):
-        problems.append(
-            f"installed trl {installed} is not in the {'.'.join(_release_line(BUILT_FOR_TRL))}.x line"
-        )
+    installed = Version(trl.__version__)
+    if not SUPPORTED_TRL[0] <= installed < SUPPORTED_TRL[1]:
+        problems.append(f"installed trl {trl.__version__} is outside the supported range")
     for name, expected in OVERRIDDEN_METHODS.items():
         method = getattr(trl.GRPOTrainer, name, None)
         if method is None:
@@ -45,7 +85,51 @@ def check_trl_host() -> None:
         if params != expected:
             problems.append(f"GRPOTrainer.{name}{params} differs from the expected {expected}")
     if problems:
-        raise RuntimeError(
-            f"trl-length-plugin's TRL integration was built for trl=={BUILT_FOR_TRL} and overrides private "
-            f"GRPOTrainer methods; " + "; ".join(problems) + f". Install trl=={BUILT_FOR_TRL}."
+        raise TRLHostError("; ".join(problems))
+
+
+def check_trainer_attributes(trainer) -> None:
+    """After ``GRPOTrainer.__init__``: the attributes the integration reads exist, with the right kinds."""
+    missing = [name for name in TRAINER_ATTRIBUTES if not hasattr(trainer, name)]
+    if missing:
+        raise TRLHostError(f"GRPOTrainer no longer sets {missing}")
+    if not isinstance(trainer._metrics, Mapping) or "train" not in trainer._metrics:
+        raise TRLHostError("GRPOTrainer._metrics is no longer a {'train': ..., 'eval': ...} mapping")
+    if not isinstance(trainer._logs, Mapping) or not isinstance(trainer._logs.get("advantages"), deque):
+        raise TRLHostError("GRPOTrainer._logs['advantages'] is no longer a deque")
+
+
+def check_generate_output(output) -> None:
+    """On every ``_generate``: the tuple layout ``GENERATE_OUTPUT`` (the tool mask at its position)."""
+    if not isinstance(output, tuple) or len(output) != len(GENERATE_OUTPUT):
+        raise TRLHostError(
+            f"GRPOTrainer._generate returned {type(output).__name__} of length "
+            f"{len(output) if isinstance(output, tuple) else '?'}, expected the tuple {GENERATE_OUTPUT}"
         )
+    mask, ids = output[TOOL_MASK], output[COMPLETION_IDS]
+    if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)):
+        raise TRLHostError(
+            f"GRPOTrainer._generate's element {TOOL_MASK} is no longer the tool mask (one list per completion)"
+        )
+
+
+def check_scored_output(output: Mapping, rows: int) -> None:
+    """After ``_generate_and_score_completions``: the keys the integration rewrites, per-row advantages."""
+    missing = [key for key in SCORED_KEYS if key not in output]
+    if missing:
+        raise TRLHostError(f"GRPOTrainer._generate_and_score_completions no longer returns {missing}")
+    if tuple(output["advantages"].shape) != (rows,):
+        raise TRLHostError(
+            f"GRPOTrainer's advantages have shape {tuple(output['advantages'].shape)}, expected ({rows},)"
+        )
+
+
+def replace_logged(logs: deque, values: list) -> None:
+    """Replace the last ``len(values)`` entries of one of TRL's ``_logs`` deques (TRL logged its own)."""
+    if len(logs) < len(values):
+        raise TRLHostError(
+            f"GRPOTrainer._logs holds {len(logs)} entries after a batch of {len(values)} (maxlen {logs.maxlen})"
+        )
+    for _ in values:
+        logs.pop()
+    logs.extend(values)

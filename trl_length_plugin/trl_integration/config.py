@@ -1,94 +1,97 @@
-"""``LengthPluginGRPOConfig``: TRL's ``GRPOConfig`` plus the length-control keys (decisions.md §1.3).
+"""``LengthPluginGRPOConfig``: TRL's ``GRPOConfig`` plus the length-control keys (docs/reference/product.md
+§1.3).
 
-Every key works from a YAML recipe, from command-line flags and from Python. The ``length_penalty``
-block is validated into the engine's ``LengthPenaltyConfig`` in ``__post_init__``, so a bad key fails
-while the arguments are parsed, before any model is loaded (decisions.md §2.1).
+Every key works from a YAML recipe, from command-line flags and from Python. The length-shaping keys are
+validated together into the core's ``LengthShapingConfig`` in ``__post_init__``, so a bad key fails while
+the arguments are parsed, before any model is loaded, with one line naming the key.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import MISSING, dataclass, field, fields
 
 from trl import GRPOConfig
 
-from trl_length_plugin.shaping import LengthPenaltyConfig, load_length_penalty_config
+from trl_length_plugin.shaping.config import (
+    DEFAULT_REASONING_TAGS,
+    SHAPING_KEYS,
+    LengthConfigError,
+    LengthPenaltyConfig,
+    LengthShapingConfig,
+    load_shaping_config,
+)
 
 logger = logging.getLogger("trl_length_plugin")
 
 #: TRL loss types whose denominator counts sequences; see ``LengthPluginGRPOTrainer._compute_loss``
 SEQUENCE_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")
 
+#: the keys a recipe or the command line set explicitly (the command line knows; Python does not)
+_EXPLICIT_KEYS: ContextVar[frozenset[str] | None] = ContextVar("explicit_keys", default=None)
 
-def _json_block(text: str) -> dict:
+
+@contextmanager
+def explicit_keys(keys: frozenset[str]) -> Iterator[None]:
+    """Mark ``keys`` as written by the user while configs are built (``luspo: true`` keeps them)."""
+    token = _EXPLICIT_KEYS.set(frozenset(keys))
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"length_penalty: not valid JSON ({err})") from err
+        yield
+    finally:
+        _EXPLICIT_KEYS.reset(token)
 
 
-def parse_length_penalty(value: dict | str | None) -> LengthPenaltyConfig | None:
-    """The §2.1 block from a mapping, a JSON string or the path of a YAML file; None when absent."""
-    if value is None or value == {}:
-        return None
-    if isinstance(value, str):
-        if value.strip().startswith("{"):
-            value = _json_block(value)
-        elif not Path(value).is_file():
-            raise ValueError(
-                f"length_penalty: {value!r} is neither a JSON object nor the path of a YAML file; "
-                "give the decisions.md §2.1 block as a YAML mapping, a JSON string or a file path"
-            )
-    if not isinstance(value, dict | str):
-        raise ValueError(f"length_penalty: expected a mapping, got {type(value).__name__}")
-    try:
-        return load_length_penalty_config(value)
-    except ValueError as err:  # pydantic's ValidationError names the key path
-        raise ValueError(f"length_penalty: invalid block: {err}") from err
+def _default(spec):
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 @dataclass
 class LengthPluginGRPOConfig(GRPOConfig):
-    """``GRPOConfig`` with group length penalties (decisions.md §2), the length coefficient (§3) and LUSPO (§4).
+    """``GRPOConfig`` with group length penalties (docs/reference/length-penalties.md §2), the length
+    coefficient (docs/reference/length-coefficient.md §3) and LUSPO (docs/reference/luspo.md §4).
 
-    The validated penalty block is available as ``length_penalty_config`` (None when absent).
+    The validated length-shaping keys are ``shaping`` (a ``LengthShapingConfig``).
     """
 
     length_penalty: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Group length penalties (decisions.md §2.1): a YAML mapping in a recipe, a JSON string or "
-            "the path of a YAML file on the command line. Validated before any model is loaded."
+            "help": "Group length penalties (docs/reference/length-penalties.md §2.1): a YAML mapping in a "
+            "recipe, a JSON string or the path of a YAML file on the command line. A --length_penalty flag "
+            "replaces the recipe's whole block. Validated before any model is loaded."
         },
     )
     correctness_reward: str | None = field(
         default=None,
         metadata={
-            "help": "Name of the binary reward function the length shaping acts on (decisions.md §2.4). "
+            "help": "Name of the binary reward function the length shaping acts on (reference §2.4). "
             "Optional when there is a single reward function, required when there are several."
         },
     )
     agent_column: str = field(
         default="agent",
         metadata={
-            "help": "Dataset column naming each prompt's agent for `agent_overrides` (decisions.md §2.3)."
+            "help": "Dataset column naming each prompt's agent for `agent_overrides` (reference §2.3)."
         },
     )
     reasoning_tags: list[str] = field(
-        default_factory=lambda: ["<think>", "</think>"],
-        metadata={"help": "Opening and closing tag of the reasoning channel (decisions.md §2.5)."},
+        default_factory=lambda: list(DEFAULT_REASONING_TAGS),
+        metadata={"help": "Opening and closing tag of the reasoning channel (reference §2.5)."},
     )
     length_penalty_coeff: float = field(
         default=0.0,
         metadata={
-            "help": "Length coefficient c >= 0 relative to the shortest correct rollout (decisions.md §3.1)."
+            "help": "Length coefficient c >= 0 relative to the shortest correct rollout "
+            "(docs/reference/length-coefficient.md §3.1); 0 is off."
         },
     )
     length_penalty_min_tokens: int = field(
         default=0,
-        metadata={"help": "Floor m of the coefficient's reference length (decisions.md §3.1)."},
+        metadata={"help": "Floor m of the coefficient's reference length (reference §3.1)."},
     )
     length_penalty_coeff_warmup_steps: int = field(
         default=0,
@@ -100,7 +103,14 @@ class LengthPluginGRPOConfig(GRPOConfig):
         default=False,
         metadata={
             "help": "Drop groups whose shaped rewards are all equal from the loss, masks and denominators "
-            "(decisions.md §3.3)."
+            "(reference §3.3)."
+        },
+    )
+    length_penalty_log_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Write the per-rollout `Length penalty:` records (reference §3.4) as JSON lines to this file "
+            "(a relative path is inside output_dir) instead of the console."
         },
     )
     length_curves_png: bool = field(
@@ -111,45 +121,35 @@ class LengthPluginGRPOConfig(GRPOConfig):
     )
     luspo: bool = field(
         default=False,
-        metadata={"help": "Switch on LUSPO with the paper's settings (decisions.md §4)."},
+        metadata={"help": "Switch on LUSPO with the paper's settings (docs/reference/luspo.md §4)."},
     )
 
     def __post_init__(self):
+        defaults = {f.name: _default(f) for f in fields(self) if f.name in SHAPING_KEYS}
+        # only what differs from the defaults counts as given, so the block's own reasoning_tags can apply
+        given = {key: getattr(self, key) for key in SHAPING_KEYS if getattr(self, key) != defaults[key]}
+        try:
+            self.shaping: LengthShapingConfig = load_shaping_config(given)
+        except LengthConfigError as err:
+            raise ValueError(str(err)) from None
         if isinstance(self.length_penalty, str) and self.length_penalty.strip().startswith("{"):
-            self.length_penalty = _json_block(self.length_penalty)
-        self.length_penalty_config: LengthPenaltyConfig | None = parse_length_penalty(self.length_penalty)
-        self._check_length_keys()
+            self.length_penalty = json.loads(self.length_penalty)  # stored as a mapping for loggers
+        self._check_combinations()
         if self.luspo:
             from trl_length_plugin.trl_integration.luspo import apply_luspo_defaults
 
-            logger.info("luspo: %s", apply_luspo_defaults(self))
+            apply_luspo_defaults(self, _EXPLICIT_KEYS.get())
         super().__post_init__()
 
     @property
-    def group_penalties_enabled(self) -> bool:
-        """Whether any §2 algorithm is switched on for some agent."""
-        return self.length_penalty_config is not None and self.length_penalty_config.any_enabled
+    def length_penalty_config(self) -> LengthPenaltyConfig | None:
+        """The validated penalty block (None when absent)."""
+        return self.shaping.length_penalty
 
-    @property
-    def length_shaping_enabled(self) -> bool:
-        """Whether the trainer touches rewards or advantages at all (decisions.md §2.15: else nothing runs)."""
-        return self.group_penalties_enabled or self.length_penalty_coeff > 0 or self.drop_zero_std_groups
-
-    def _check_length_keys(self) -> None:
-        if self.length_penalty_coeff < 0:
-            raise ValueError(f"length_penalty_coeff must be >= 0, got {self.length_penalty_coeff}")
-        if self.length_penalty_min_tokens < 0:
-            raise ValueError(f"length_penalty_min_tokens must be >= 0, got {self.length_penalty_min_tokens}")
-        if self.length_penalty_coeff_warmup_steps < 0:
+    def _check_combinations(self) -> None:
+        if self.shaping.enabled and self.multi_objective_aggregation == "normalize_then_sum":
             raise ValueError(
-                f"length_penalty_coeff_warmup_steps must be >= 0, got {self.length_penalty_coeff_warmup_steps}"
-            )
-        tags = self.reasoning_tags
-        if len(tags) != 2 or not all(isinstance(t, str) and t for t in tags) or tags[0] == tags[1]:
-            raise ValueError(f"reasoning_tags must be two distinct non-empty strings, got {tags!r}")
-        if self.length_shaping_enabled and self.multi_objective_aggregation == "normalize_then_sum":
-            raise ValueError(
-                "multi_objective_aggregation='normalize_then_sum' cannot be combined with length shaping "
-                "(decisions.md §3.5): it normalizes each reward column apart and would undo the length_penalty "
-                "column. Use 'sum_then_normalize'."
+                "multi_objective_aggregation: 'normalize_then_sum' cannot be combined with length shaping "
+                "(docs/reference/length-coefficient.md §3.5): it normalizes each reward column apart and would "
+                "undo the length_penalty column; use 'sum_then_normalize'"
             )

@@ -3,14 +3,15 @@
 Reward functions see only their own rank's completions and a group may be split across ranks
 (host-trl.md §2.3), so the wrapper gathers what the penalties need itself: every rank calls reward
 functions in the same order, and the gather order is the sampler order, so the gathered rows form
-consecutive groups of ``num_generations``. It returns this rank's part of ``shaped - correctness``,
-the ``length_penalty`` column of decisions.md §2.4, and gives the same rewards as
-``LengthPluginGRPOTrainer`` for the group penalties (shared code in ``rollouts.py``).
+consecutive groups of the trainer's ``num_generations`` (read from the calling trainer; a different value
+given to the wrapper is refused at the first call). It returns this rank's part of ``shaped -
+correctness``, the ``length_penalty`` column of docs/reference/length-penalties.md §2.4, and gives the same
+rewards as ``LengthPluginGRPOTrainer`` for the group penalties (both run the core's ``shape_rollouts``).
 
 Use it next to the correctness reward::
 
     penalty = LengthPenaltyReward(correctness_reward, {"default": {"group_total_length_penalty_coeff": 0.1}},
-                                  num_generations=8, tokenizer=tokenizer)
+                                  tokenizer=tokenizer)
     GRPOTrainer(..., reward_funcs=[correctness_reward, penalty],
                 callbacks=[LengthPluginCallback(targets=[penalty])])
 
@@ -19,7 +20,13 @@ reward is ``None``. The wrapper tells them apart by the model of the trainer tha
 the ``log_metric`` TRL passes), else by the model the callback attached.
 
 Limits of this route: it must stay synchronous (it runs collectives); it calls the correctness function
-a second time; the coefficient and its advantage normalization (§3) need the subclass.
+a second time; per-prompt metadata is parsed on every step (the subclass parses it once per prompt); the
+coefficient and its advantage normalization (docs/reference/length-coefficient.md §3) need the subclass.
+
+From the stock command line, ``trl grpo`` takes a dotted path to a module-level instance, e.g.
+``--reward_funcs my_rewards.correctness my_rewards.length_penalty`` where ``my_rewards.py`` defines
+``length_penalty = LengthPenaltyReward(correctness, {...}, tokenizer=...)`` (docs/trl.md, "The wrapper
+route").
 """
 
 from __future__ import annotations
@@ -30,17 +37,16 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
+from accelerate.utils import gather
 
-from trl_length_plugin.shaping import LengthPenaltyConfig
-from trl_length_plugin.trl_integration.config import parse_length_penalty
+from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig, shape_rollouts
+from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
+from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
-    gather_rollouts,
-    group_penalties,
-    measure_channels,
+    consecutive_groups,
+    gathered_batch,
     nested_metadata_warning,
-    resolve_reasoning_tags,
-    uses_tokens,
 )
 
 logger = logging.getLogger("trl_length_plugin")
@@ -50,8 +56,9 @@ class LengthPenaltyReward:
     """A TRL reward function returning the ``length_penalty`` column for this rank's rows.
 
     ``length_penalty``: the §2.1 block (mapping, JSON string, YAML path or ``LengthPenaltyConfig``);
-    ``num_generations``: TRL's G; ``tokenizer``: required when some agent counts ``tokens``;
-    ``metrics``: when true (default), the §2.15 metrics go to TRL's logs through ``log_metric``.
+    ``num_generations``: optional, TRL's G (it is read from the calling trainer; a different value is an
+    error); ``tokenizer``: required when some agent counts ``tokens``; ``metrics``: when true (default),
+    the §2.15 metrics go to TRL's logs through ``log_metric``.
     """
 
     __name__ = "length_penalty"
@@ -60,30 +67,35 @@ class LengthPenaltyReward:
         self,
         correctness: Callable[..., Sequence[float | None]],
         length_penalty: LengthPenaltyConfig | Mapping[str, Any] | str,
-        num_generations: int,
+        num_generations: int | None = None,
         tokenizer: Any = None,
         reasoning_tags: Sequence[str] = ("<think>", "</think>"),
         agent_column: str = "agent",
         metrics: bool = True,
     ):
-        config = length_penalty if isinstance(length_penalty, LengthPenaltyConfig) else None
-        config = config or parse_length_penalty(length_penalty)
-        if config is None or not config.any_enabled:
+        try:
+            config = load_shaping_config({"length_penalty": length_penalty, "reasoning_tags": reasoning_tags})
+        except LengthConfigError as err:
+            raise ValueError(str(err)) from None
+        if not config.penalties_on:
             raise ValueError("length_penalty: the block enables no agent; the wrapper would do nothing")
-        if uses_tokens(config) and tokenizer is None:
-            raise ValueError("length_penalty: length_type 'tokens' needs a tokenizer (decisions.md §2.5)")
-        if num_generations < 2:
+        if config.uses_tokens() and tokenizer is None:
+            raise ValueError("length_penalty: length_type 'tokens' needs a tokenizer (reference §2.5)")
+        if num_generations is not None and num_generations < 2:
             raise ValueError(f"num_generations must be >= 2, got {num_generations}")
         self.correctness = correctness
-        self.config = config
+        self.shaping: LengthShapingConfig = config
         self.num_generations = num_generations
         self.tokenizer = tokenizer
-        self.reasoning_tags = resolve_reasoning_tags(config, reasoning_tags)
         self.agent_column = agent_column
         self.metrics = metrics
         self.weight = 1.0
         self.model = None
         self._checked_nesting = False
+
+    @property
+    def config(self) -> LengthPenaltyConfig:
+        return self.shaping.length_penalty
 
     # -- LengthPluginCallback target protocol -------------------------------------------------------------
     def set_length_schedule(self, name: str, value: float) -> None:
@@ -95,13 +107,29 @@ class LengthPenaltyReward:
         """Remember the model so evaluation batches (``model.training`` false) are left unshaped."""
         self.model = model
 
-    def _training(self, log_metric) -> bool:
-        """TRL's own test (``self.model.training`` of the calling trainer, whose bound ``_log_metric`` is
-        ``log_metric``), falling back on the attached model; unknown counts as training."""
-        trainer = getattr(log_metric, "__self__", None)
+    def _training(self, trainer) -> bool:
+        """TRL's own test (``model.training`` of the calling trainer), falling back on the attached model;
+        unknown counts as training."""
         model = getattr(trainer, "model", None)
         model = self.model if model is None else model
         return model is None or model.training
+
+    def _group_size(self, trainer) -> int:
+        """The trainer's ``num_generations``: the group size of the gathered batch (§2.2)."""
+        size = getattr(trainer, "num_generations", None)
+        if size is None:
+            if self.num_generations is None:
+                raise ValueError(
+                    "LengthPenaltyReward: the calling trainer is unknown (no log_metric from TRL); pass "
+                    "num_generations equal to the trainer's"
+                )
+            return self.num_generations
+        if self.num_generations is not None and self.num_generations != size:
+            raise ValueError(
+                f"LengthPenaltyReward was given num_generations={self.num_generations} but the trainer's is "
+                f"{size}: groups would be wrong; drop the argument (the wrapper reads the trainer's)"
+            )
+        return size
 
     # -- the reward function ------------------------------------------------------------------------------
     def __call__(
@@ -110,8 +138,10 @@ class LengthPenaltyReward:
         raw = self.correctness(
             prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
         )
-        if not self._training(log_metric):
+        trainer = getattr(log_metric, "__self__", None)
+        if not self._training(trainer):
             return [None if r is None else 0.0 for r in raw]
+        group_size = self._group_size(trainer)
         if not self._checked_nesting:
             self._checked_nesting = True
             first = {key: values[0] for key, values in columns.items() if isinstance(values, list) and values}
@@ -122,19 +152,21 @@ class LengthPenaltyReward:
         local_correctness = torch.tensor(
             [float("nan") if r is None else float(r) for r in raw], dtype=torch.float64
         )
-        local = LocalRollouts.from_columns(completions, columns, self.agent_column)
-        channels = measure_channels(local, self.config, self.tokenizer, self.reasoning_tags)
-        values = torch.cat([local_correctness.unsqueeze(1), channels.double()], dim=1)
-        rollouts = gather_rollouts(local, values, state.device)
-        correctness = rollouts.values[:, 0]
-        rollouts.values = rollouts.values[:, 1:]
-        result = group_penalties(
-            correctness, self.num_generations, rollouts, self.config, state.is_main_process
+        correctness = gather(local_correctness.to(state.device)).cpu()
+        batch = gathered_batch(
+            LocalRollouts.from_columns(completions, columns, self.agent_column),
+            correctness,
+            consecutive_groups(correctness.numel(), group_size),
+            self.shaping,
+            tokenizer=self.tokenizer,
+            device=state.device,
         )
+        result = shape_rollouts(batch, self.shaping)
+        log_group_records(result.penalties.groups, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():
                 log_metric(key, value)
         rows = len(completions)
         mine = slice(state.process_index * rows, (state.process_index + 1) * rows)
-        delta = (result.rewards.double() - correctness)[mine] * self.weight
+        delta = (result.rewards - correctness)[mine] * self.weight
         return [None if d != d else float(d) for d in delta.tolist()]

@@ -1,36 +1,34 @@
 """What the subclass and the reward wrapper share: measure rollouts on each rank, gather them across
-processes, and run the group length penalties on whole groups of the gathered batch.
+processes into one ``RolloutBatch`` of whole groups, and per-prompt metadata parsed once per run.
 
 TRL splits a prompt group across ranks whenever ``per_device_train_batch_size * steps_per_generation``
-is not a multiple of ``num_generations`` (host-trl.md §2.3), so nothing group-level may run before the
-gather. The gathered batch is in sampler order, so its groups are consecutive blocks of
-``num_generations`` rows (decisions.md §2.2).
+is not a multiple of ``num_generations`` (docs/trl.md, "How it hooks into TRL"), so nothing group-level may
+run before the gather. The gathered batch is in sampler order, so its groups are consecutive blocks of
+``num_generations`` rows (docs/reference/length-penalties.md §2.2).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
 from accelerate.utils import gather, gather_object
 
-from trl_length_plugin.shaping import (
-    LengthPenaltyConfig,
-    LengthPenaltyResult,
-    RolloutBatch,
-    apply_length_penalties,
-    log_group_records,
-    measure_lengths,
-)
+from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_lengths
+from trl_length_plugin.shaping.config import BAND_CHANNELS
+from trl_length_plugin.shaping.metadata import MetadataCache, PromptMetadata
 
 logger = logging.getLogger("trl_length_plugin")
 
-#: per-prompt metadata columns read from the top level of each dataset row (decisions.md §2.14)
+#: per-prompt metadata columns read from the top level of each dataset row (reference §2.14)
 METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
 NESTED_METADATA_KEY = "extra_env_info"
+#: the column the subclass adds to a training dataset: each row's index, the key of its parsed metadata
+PROMPT_ID_COLUMN = "length_prompt_id"
 
 
 def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
@@ -43,113 +41,126 @@ def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
         return None
     return (
         f"length_penalty: the dataset nests {keys} under '{NESTED_METADATA_KEY}'; they are read only from "
-        "top-level columns and will be ignored (decisions.md §2.14). Move them to top-level columns."
+        "top-level columns and will be ignored (reference §2.14). Move them to top-level columns."
     )
 
 
-def resolve_reasoning_tags(config: LengthPenaltyConfig | None, tags: Sequence[str]) -> tuple[str, str]:
-    """The reasoning tags: the TRL ``reasoning_tags`` key, or the block's own when only it sets them."""
-    tags = (tags[0], tags[1])
-    if config is None or "reasoning_tags" not in config.model_fields_set:
-        return tags
-    if tags != LengthPenaltyConfig.model_fields["reasoning_tags"].default and tags != config.reasoning_tags:
+def band_source_warning(config: LengthShapingConfig, columns: Sequence[str]) -> str | None:
+    """The setup warning when a profile gate or band is on but no band can be found anywhere (§2.12-2.13)."""
+    block = config.penalties
+    if block is None or "profile_band" in columns or block.global_bands:
+        return None
+    params = [block.default, *(o for o in (block.agent_overrides or {}).values() if o is not None)]
+    names = ("group_length_penalty_profile_gate", *(f"profile_band_{ch}" for ch in BAND_CHANNELS))
+    used = sorted({name for p in params for name in names if getattr(p, name)})
+    if not used:
+        return None
+    return (
+        f"length_penalty: {', '.join(used)} is on but the dataset has no 'profile_band' column and "
+        "length_penalty.profile_band.defaults sets no band: the gate stays closed and no band applies "
+        "(docs/reference/length-penalties.md §2.12-2.13)"
+    )
+
+
+@lru_cache(maxsize=8)
+def consecutive_groups(rows: int, num_generations: int) -> GroupLayout:
+    """The gathered batch's groups: consecutive blocks of ``num_generations`` rows (built once per size)."""
+    if rows % num_generations:
         raise ValueError(
-            f"reasoning_tags {list(tags)} disagrees with length_penalty.reasoning_tags "
-            f"{list(config.reasoning_tags)}; set one of them"
+            f"the gathered batch has {rows} rows, not a multiple of num_generations={num_generations}"
         )
-    return config.reasoning_tags
+    return GroupLayout(torch.arange(rows) // num_generations)
 
 
-def uses_tokens(config: LengthPenaltyConfig) -> bool:
-    """Whether some agent measures lengths in tokens (then a tokenizer is required, decisions.md §2.5)."""
-    overrides = [o for o in (config.agent_overrides or {}).values() if o is not None]
-    return config.default.length_type == "tokens" or any(
-        "length_type" in o.model_fields_set and o.length_type == "tokens" for o in overrides
-    )
+class DatasetMetadata:
+    """Per-prompt metadata of a map-style dataset, parsed once per prompt (``MetadataCache``), looked up
+    by the ``PROMPT_ID_COLUMN`` the rows carry: no metadata crosses processes, only prompt ids."""
+
+    def __init__(self, dataset: Any, columns: Sequence[str]):
+        self.view = dataset.select_columns(list(columns))
+        self.columns = list(columns)
+        self.cache = MetadataCache()
+
+    def _fetch(self, ids: list[Hashable]) -> list[dict[str, Any]]:
+        rows = self.view[[int(i) for i in ids]]
+        return [{key: rows[key][i] for key in self.columns} for i in range(len(ids))]
+
+    def lookup(self, prompt_ids: torch.Tensor) -> PromptMetadata:
+        return self.cache.lookup(prompt_ids.long().tolist(), self._fetch)
 
 
 @dataclass
 class LocalRollouts:
-    """One rank's rollouts: agents and metadata (None when the dataset has no such column)."""
+    """One rank's rollouts: agents, metadata and prompt ids (None when the dataset has no such column)."""
 
     completions: Sequence[Any]
-    agents: list[Any] | None
-    metadata: list[dict[str, Any]] | None
+    agents: list[Any] | None = None
+    metadata: list[dict[str, Any]] | None = None
+    prompt_ids: list[int] | None = None
 
     @classmethod
     def from_columns(
         cls, completions: Sequence[Any], columns: Mapping[str, Sequence[Any]], agent_column: str
     ) -> LocalRollouts:
-        """From reward-function kwargs: one list per dataset column."""
+        """From reward-function kwargs or TRL inputs: one list per dataset column."""
         agents = list(columns[agent_column]) if agent_column in columns else None
         present = [key for key in METADATA_COLUMNS if key in columns]
         metadata = None
         if present:
             metadata = [{key: columns[key][i] for key in present} for i in range(len(completions))]
-        return cls(completions, agents, metadata)
+        ids = list(columns[PROMPT_ID_COLUMN]) if PROMPT_ID_COLUMN in columns else None
+        return cls(completions, agents, metadata, ids)
 
     @classmethod
     def from_inputs(cls, completions: Sequence[Any], inputs: Sequence[Mapping[str, Any]], agent_column: str):
         """From TRL's per-example input dicts."""
         first = inputs[0] if inputs else {}
-        columns = {
-            key: [x.get(key) for x in inputs] for key in (agent_column, *METADATA_COLUMNS) if key in first
-        }
+        keys = (agent_column, *METADATA_COLUMNS, PROMPT_ID_COLUMN)
+        columns = {key: [x.get(key) for x in inputs] for key in keys if key in first}
         return cls.from_columns(completions, columns, agent_column)
 
 
-@dataclass
-class GatheredRollouts:
-    """The whole batch across processes: ``values`` (N, k) float64 per-row numbers, agents, metadata."""
-
-    values: torch.Tensor
-    agents: list[Any] | None
-    metadata: list[dict[str, Any]] | None
-
-
-def measure_channels(
-    local: LocalRollouts, config: LengthPenaltyConfig, tokenizer: Any, reasoning_tags: tuple[str, str]
-) -> torch.Tensor:
-    """(n, 2) reasoning and answer lengths of this rank's completions in each row's agent's unit (§2.5)."""
-    agents = local.agents if local.agents is not None else [None] * len(local.completions)
-    lengths = measure_lengths(local.completions, config.length_types(agents), tokenizer, reasoning_tags)
-    return torch.stack([lengths.reasoning, lengths.answer], dim=1)
-
-
-def gather_rollouts(local: LocalRollouts, values: torch.Tensor, device: torch.device) -> GatheredRollouts:
-    """Gather per-row ``values`` (n, k) and the agent/metadata columns in sampler (rank) order.
+def gathered_batch(
+    local: LocalRollouts,
+    correctness: torch.Tensor,
+    layout: GroupLayout,
+    config: LengthShapingConfig,
+    *,
+    tokenizer: Any,
+    loss_lengths: torch.Tensor | None = None,
+    base_rewards: torch.Tensor | None = None,
+    metadata: DatasetMetadata | None = None,
+    device: torch.device | None = None,
+) -> RolloutBatch:
+    """The ``RolloutBatch`` of the whole gathered batch, with what ``config`` needs: channel lengths
+    (penalties, reference §2.5), loss-mask lengths (coefficient, §3.2), agents and metadata.
 
     Every rank must call this with the same columns present, which holds because all ranks read the
     same dataset; ranks hold equally many rows in TRL, so rank r's rows are ``[r*n, (r+1)*n)``.
     """
-    gathered = gather(values.to(device=device, dtype=torch.float64)).cpu()
-    agents = gather_object(local.agents) if local.agents is not None else None
-    metadata = gather_object(local.metadata) if local.metadata is not None else None
-    return GatheredRollouts(gathered, agents, metadata)
-
-
-def group_penalties(
-    correctness: torch.Tensor,
-    num_generations: int,
-    rollouts: GatheredRollouts,
-    config: LengthPenaltyConfig,
-    is_main_process: bool,
-) -> LengthPenaltyResult:
-    """§2 on the gathered batch: groups are consecutive blocks of ``num_generations`` rows (§2.2);
-    ``rollouts.values[:, :2]`` are the reasoning and answer lengths."""
-    rows = correctness.numel()
-    if rows % num_generations:
-        raise ValueError(
-            f"the gathered batch has {rows} rows, not a multiple of num_generations={num_generations}"
-        )
-    batch = RolloutBatch(
-        rewards=correctness.detach().double().cpu(),
-        group_index=torch.arange(rows) // num_generations,
-        reasoning_lengths=rollouts.values[:, 0],
-        answer_lengths=rollouts.values[:, 1],
-        agents=rollouts.agents,
-        metadata=rollouts.metadata,
+    block = config.penalties
+    columns = []
+    if block is not None:
+        agents = local.agents if local.agents is not None else [None] * len(local.completions)
+        lengths = measure_lengths(local.completions, block.length_types(agents), tokenizer, config.tags)
+        columns += [lengths.reasoning, lengths.answer]
+    if loss_lengths is not None:
+        columns.append(loss_lengths)
+    cached = block is not None and metadata is not None and local.prompt_ids is not None
+    if cached:
+        columns.append(torch.tensor(local.prompt_ids, dtype=torch.float64))
+    values = (
+        torch.stack([c.double() for c in columns], 1) if columns else torch.zeros(len(local.completions), 0)
     )
-    result = apply_length_penalties(batch, config)
-    log_group_records(result.groups, is_main_process=is_main_process)
-    return result
+    values = gather(values.to(device=device)).cpu()
+    rows = {}
+    if block is not None:
+        rows = dict(reasoning_lengths=values[:, 0], answer_lengths=values[:, 1])
+        rows["agents"] = gather_object(local.agents) if local.agents is not None else None
+        if cached:
+            rows["metadata"] = metadata.lookup(values[:, -1])
+        elif local.metadata is not None:
+            rows["metadata"] = gather_object(local.metadata)
+    if loss_lengths is not None:
+        rows["loss_lengths"] = values[:, 2 if block is not None else 0]
+    return RolloutBatch(correctness.detach().double().cpu(), layout, base_rewards=base_rewards, **rows)

@@ -1,0 +1,123 @@
+"""The one shaping step every host runs: penalties, coefficient, group normalization and the zero-std
+filter on one group layout (docs/reference/length-penalties.md §2, docs/reference/length-coefficient.md
+§3).
+
+A host adapter translates its rollouts into a :class:`RolloutBatch`, calls :func:`shape_rollouts` once per
+training batch and writes the :class:`ShapingResult` back: the shaped correctness rewards, the §3.3
+advantages (coefficient on), the keep mask (filter on), the metrics and what the logs need. TRL and verl
+give the same numbers by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from .batch import RolloutBatch
+from .coefficient import LengthCoefficientResult, apply_length_coefficient
+from .config import LengthShapingConfig
+from .correctness import GroupKinds, classify_groups
+from .groups import GroupLayout
+from .metrics import mean_metrics
+from .normalization import TRL_NORMALIZATION, GroupNormalization, group_advantages, nonzero_std_keep_mask
+from .penalties import LengthPenaltyResult, apply_length_penalties
+from .threads import single_threaded
+
+
+@dataclass
+class ShapingResult:
+    """What one shaping step produced, one entry per row of the batch (float64 unless noted).
+
+    - ``rewards``: shaped correctness rewards; ``raw``: the input.
+    - ``totals``: the reward advantages and the filter judge: ``base_rewards + weight * (rewards - raw)``.
+    - ``advantages``: the §3.3 group normalization of ``totals`` (coefficient on), else None.
+    - ``host_rows`` (bool): rows of groups the coefficient skipped (missing or non-binary correctness): a
+      host keeps its own advantages there (``advantages`` holds its plain normalization for them).
+    - ``keep`` (bool): rows whose group survives the zero-std filter (filter on), else None.
+    - ``row_metrics``: reference §2.15 and §3 metrics as per-row values; ``metrics``: their means over the
+      batch; ``penalties`` / ``coefficient``: the parts' own results (verbose group records, the ``Length
+      penalty:`` lines).
+    """
+
+    layout: GroupLayout
+    rewards: torch.Tensor
+    raw: torch.Tensor
+    totals: torch.Tensor
+    host_rows: torch.Tensor
+    advantages: torch.Tensor | None = None
+    keep: torch.Tensor | None = None
+    row_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    penalties: LengthPenaltyResult | None = None
+    coefficient: LengthCoefficientResult | None = None
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return mean_metrics(self.row_metrics)
+
+
+def _coefficient(
+    batch: RolloutBatch, config: LengthShapingConfig, kinds: GroupKinds, shaped: torch.Tensor, coeff: float
+) -> LengthCoefficientResult:
+    """§3.1 on the rows of binary groups; other groups keep multiplier 1 (one warning, one metric)."""
+    if batch.loss_lengths is None:
+        raise ValueError(
+            "the length coefficient needs loss_lengths (the loss-mask token count of each rollout)"
+        )
+    layout = batch.layout
+    skipped_rows = (~kinds.binary)[layout.gid]
+    if bool(skipped_rows.any()):
+        config.warn_once(
+            ("coefficient_skipped",),
+            "length_penalty_coeff: groups with a missing or non-binary correctness reward are left to the "
+            "host's own advantages, counted in length_penalty/coeff_skipped_frac "
+            "(docs/reference/length-coefficient.md §3.1)",
+        )
+    correctness = batch.rewards.double().masked_fill(skipped_rows, torch.nan)
+    return apply_length_coefficient(
+        shaped, batch.loss_lengths, layout, coeff, config.length_penalty_min_tokens, correctness=correctness
+    )
+
+
+def shape_rollouts(
+    batch: RolloutBatch,
+    config: LengthShapingConfig,
+    normalization: GroupNormalization | None = TRL_NORMALIZATION,
+    *,
+    step: int = 0,
+    coeff: float | None = None,
+    shaping_weight: float = 1.0,
+) -> ShapingResult:
+    """Shape one training batch (reference §2.6 then §3.1-3.3).
+
+    ``normalization``: the host's normalization of mixed groups, or None when the host computes the
+    advantages itself (verl's ``length_grpo`` estimator calls the same ``group_advantages``); ``step``: the
+    optimizer step, for the coefficient's warm-up; ``coeff`` overrides the coefficient (a user schedule);
+    ``shaping_weight``: the host's weight of the shaping in its total reward.
+    """
+    with single_threaded():
+        layout, raw = batch.layout, batch.rewards.double()
+        kinds = classify_groups(layout, raw, batch.multi_component)
+        result = ShapingResult(layout, raw.clone(), raw, raw, (~kinds.binary)[layout.gid])
+        if config.penalties_on:
+            result.penalties = apply_length_penalties(batch, config.penalties, kinds)
+            result.rewards = result.penalties.rewards.double()
+            result.row_metrics.update(result.penalties.row_metrics)
+        if config.coefficient_on:
+            value = config.coeff_at(step) if coeff is None else coeff
+            result.coefficient = _coefficient(batch, config, kinds, result.rewards, value)
+            result.rewards = result.coefficient.rewards.double()
+            result.row_metrics.update(result.coefficient.row_metrics())
+            result.row_metrics["length_penalty/coeff_skipped_frac"] = result.host_rows.double()
+        base = raw if batch.base_rewards is None else batch.base_rewards
+        result.totals = base + shaping_weight * (result.rewards - raw).nan_to_num(0.0)
+        if config.coefficient_on and normalization is not None:
+            plain = dataclasses.asdict(normalization)
+            result.advantages = group_advantages(
+                result.totals, raw, layout, **plain, plain_rows=result.host_rows
+            )
+        if config.drop_zero_std_groups:
+            result.keep = nonzero_std_keep_mask(result.totals, raw, layout)
+            result.row_metrics["length_penalty/zero_std_filtered_frac"] = (~result.keep).double()
+    return result

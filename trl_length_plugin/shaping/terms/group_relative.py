@@ -1,0 +1,40 @@
+"""Group relative-length scaling (docs/reference/length-penalties.md §2.8), gated by the profile gate
+(§2.13).
+
+Per channel over the eligible rollouts of an open group: ``coeff * (w - mean(w))`` with
+``w = 1 - (x - min) / (max - min)``; equal lengths give 0; zero-length channels take part.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import CHANNELS
+from ..groups import row_count, row_max, row_min, row_sum, weights
+from ..view import GroupView
+from . import TermInputs, register_term
+
+
+@register_term(
+    "group_relative",
+    kind="additive",
+    order=3,
+    parameters=tuple(f"group_{channel}_length_penalty_coeff" for channel in CHANNELS),
+    channels=CHANNELS,
+    outputs=tuple(f"group_{channel}" for channel in CHANNELS),
+    reads_gate=True,
+)
+def group_relative(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    channels = view.channels_on("group_{}_length_penalty_coeff")
+    if not channels:
+        return {}
+    member = (view.eligible & inputs.gate_open)[:, None]
+    count = row_count(member).clamp(min=1)
+    x = view.stacked_lengths(channels)
+    low = row_min(x, member)
+    span = row_max(x, member) - low
+    spread = span > 0
+    weight = (x - low).div_(torch.where(spread, span, 1.0)).neg_().add_(1).mul_(weights(member & spread))
+    coeff = view.stacked("group_{}_length_penalty_coeff", channels)
+    weight.sub_(row_sum(weight) / count).mul_(coeff).mul_(weights(member))
+    return {f"group_{channel}": weight[:, i] for i, channel in enumerate(channels)}

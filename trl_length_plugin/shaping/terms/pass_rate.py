@@ -1,0 +1,32 @@
+"""Pass-rate-scaled length penalty (docs/reference/length-penalties.md §2.11).
+
+Correct rows get ``-w * rho * total / l_max``: rho the group's pass rate, l_max the longest correct total;
+not subject to the two-positives rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..groups import row_count, row_max
+from ..view import GroupView
+from . import TermInputs, register_term
+
+
+@register_term(
+    "pass_rate",
+    kind="additive",
+    order=6,
+    parameters=("pass_rate_length_penalty_weight",),
+    channels=("total",),
+)
+def pass_rate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    weight = view.p("pass_rate_length_penalty_weight")
+    if not bool((weight > 0).any()):
+        return {}
+    total = view.lengths["total"]
+    rho = view.n_positive.double() / row_count(view.bucket.valid).double()
+    longest = row_max(total, view.positive)
+    on = (rho > 0) & (longest > 0)
+    term = (total * (-weight * rho)).div_(torch.where(on, longest, 1.0))
+    return {"pass_rate": term.mul_(view.positive & on)}

@@ -1,0 +1,51 @@
+"""zMAD long-outlier penalty (docs/reference/length-penalties.md §2.9).
+
+Per channel among the eligible rollouts: the modified Z score ``0.6745 (x - median) / MAD`` (median as
+``statistics.median``); rows with a score strictly above the threshold lose the penalty; nothing is flagged
+when MAD is 0 or MAD / max(median, 1e-9) < 0.015. Only long outliers are penalized.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import CHANNELS
+from ..groups import row_count, row_median, weights
+from ..view import GroupView
+from . import TermInputs, register_term
+
+ZMAD_SCALE = 0.6745  # Iglewicz-Hoaglin
+ZMAD_MIN_RELATIVE_MAD = 0.015
+
+
+@register_term(
+    "zmad",
+    kind="additive",
+    order=4,
+    parameters=tuple(f"{channel}_zmad_{name}" for channel in CHANNELS for name in ("threshold", "penalty")),
+    channels=CHANNELS,
+    outputs=tuple(f"zmad_{channel}" for channel in CHANNELS),
+)
+def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    channels = [
+        channel
+        for channel in CHANNELS
+        if bool(((view.p(f"{channel}_zmad_threshold") > 0) & (view.p(f"{channel}_zmad_penalty") > 0)).any())
+    ]
+    if not channels:
+        return {}
+    threshold, penalty = (
+        view.stacked("{}_zmad_threshold", channels),
+        view.stacked("{}_zmad_penalty", channels),
+    )
+    member = view.eligible[:, None] & (threshold > 0) & (penalty > 0)
+    count = row_count(member)
+    x = view.stacked_lengths(channels)
+    median = row_median(x, member, count)
+    deviation = x - median
+    above = deviation > 0  # z > threshold > 0 needs it; then |z| is z
+    mad = row_median(deviation.abs_(), member, count)
+    usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
+    z = deviation.mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
+    flagged = weights(member & usable & above & (z > threshold)).mul_(-penalty)
+    return {f"zmad_{channel}": flagged[:, i] for i, channel in enumerate(channels)}

@@ -1,0 +1,84 @@
+"""One bucket of prompt groups as slot-major matrices, the input every length algorithm reads
+(docs/reference/length-penalties.md §2.6)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .agents import AgentParams
+from .config import CHANNELS
+from .groups import Bucket, row_count, row_max, row_min, row_pick, row_sorted
+
+
+@dataclass
+class GroupView:
+    """Row matrices ``[width, Gb]`` of one bucket and per-group parameters ``p(name)`` (Gb,).
+
+    ``processed``: rows of groups being shaped; ``positive``: those with reward > 0; ``eligible``: positive
+    rows of groups with at least two positives (§2.6); ``rewards``: correctness with NaN read as 0.
+    """
+
+    bucket: Bucket
+    params: AgentParams
+    rewards: torch.Tensor
+    channel_lengths: torch.Tensor  # [width, len(CHANNELS), Gb]
+    processed: torch.Tensor
+    positive: torch.Tensor
+
+    @functools.cached_property
+    def lengths(self) -> dict[str, torch.Tensor]:
+        """One ``[width, Gb]`` view per channel."""
+        return {channel: self.channel_lengths[:, i] for i, channel in enumerate(CHANNELS)}
+
+    @functools.cached_property
+    def shaped_groups(self) -> torch.Tensor:
+        """(Gb,) the groups being shaped."""
+        return self.processed.any(0)
+
+    @functools.cached_property
+    def n_positive(self) -> torch.Tensor:
+        return row_count(self.positive)
+
+    @functools.cached_property
+    def eligible(self) -> torch.Tensor:
+        return self.positive & (self.n_positive >= 2)
+
+    @functools.cached_property
+    def threshold(self) -> torch.Tensor:
+        """§2.7: the positive reward at index max(0, int(n_pos * top_percentile) - 1) sorted descending."""
+        highest = row_max(self.rewards, self.eligible)
+        varied = row_min(self.rewards, self.eligible) < highest
+        if not bool(varied.any()):
+            return highest
+        descending = ((self.n_positive * self.p("top_percentile")).floor().long() - 1).clamp(min=0)
+        picked = row_pick(row_sorted(self.rewards, self.eligible), self.n_positive - 1 - descending)
+        return torch.where(varied, picked, highest)
+
+    @functools.cached_property
+    def top(self) -> torch.Tensor:
+        """Top scorers: eligible rows at or above the threshold (§2.7)."""
+        return self.eligible & (self.rewards >= self.threshold)
+
+    def p(self, name: str) -> torch.Tensor:
+        return self.bucket.take(self.params[name])
+
+    def on(self, name: str) -> bool:
+        """Whether a group of this bucket sets the parameter above 0."""
+        return bool((self.p(name) > 0).any())
+
+    def channels_on(self, template: str) -> list[str]:
+        """The channels (reasoning, answer, total order) whose ``template.format(channel)`` is on."""
+        return [channel for channel in CHANNELS if self.on(template.format(channel))]
+
+    def stacked(self, template: str, channels: list[str]) -> torch.Tensor:
+        """The parameter ``template.format(channel)`` of each channel, (C, Gb)."""
+        return torch.stack([self.p(template.format(channel)) for channel in channels])
+
+    def stacked_lengths(self, channels: list[str]) -> torch.Tensor:
+        """``[width, C, Gb]`` lengths: the channels run through one set of tensor operations."""
+        if tuple(channels) == CHANNELS:
+            return self.channel_lengths
+        return self.channel_lengths[:, [CHANNELS.index(channel) for channel in channels]]
