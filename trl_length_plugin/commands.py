@@ -1,0 +1,44 @@
+"""``trl-length``: the plugin's command line, one subcommand per tool (like TRL's ``trl grpo|sft|...``).
+
+- ``trl-length grpo``: GRPO from a recipe with the plugin's trainer (``trl-length-grpo`` is the same).
+
+A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
+torch are imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: subcommand -> (module with ``main(argv)``, one-line help)
+SUBCOMMANDS = {
+    "grpo": ("trl_length_plugin.cli", "GRPO from a YAML recipe plus flags, with the plugin's trainer"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: trl-length {" + ",".join(SUBCOMMANDS) + "} ...", "", "subcommands:"]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return
+    if argv[0] == "--version":
+        from trl_length_plugin import __version__
+
+        print(f"trl-length {__version__}")
+        return
+    if argv[0] not in SUBCOMMANDS:
+        print(f"{usage()}\ntrl-length: error: unknown subcommand {argv[0]!r}", file=sys.stderr)
+        raise SystemExit(2)
+    module, _ = SUBCOMMANDS[argv[0]]
+    importlib.import_module(module).main(argv[1:])
+
+
+if __name__ == "__main__":
+    main()
