@@ -9,7 +9,7 @@ Like ``trl grpo`` (same parser, same keys), but unknown keys are errors instead 
 - ``model_name_or_path``: ``embedded`` (warm-started tiny model), ``embedded-random``, a local path or a Hub name.
 
 Everything is parsed and validated before any model or dataset is loaded, so a bad recipe exits
-non-zero at once with a message naming the key (decisions.md §2.1).
+non-zero at once with a message naming the key (docs/reference/length-penalties.md §2.1).
 """
 
 from __future__ import annotations

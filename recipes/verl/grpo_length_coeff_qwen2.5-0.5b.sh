@@ -2,7 +2,7 @@
 # GRPO + the length coefficient on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/verl.md).
 #
 # Correct rollouts longer than the shortest correct one of their group are scaled by
-# 1 / (1 + c * (L - L_ref) / L_ref) (decisions.md §3.1; c = length_penalty_coeff, L the response_mask
+# 1 / (1 + c * (L - L_ref) / L_ref) (docs/reference/length-coefficient.md §3.1; c = length_penalty_coeff, L the response_mask
 # token count, L_ref >= length_penalty_min_tokens). `algorithm.adv_estimator=length_grpo` (registered by
 # verl_adapter) mean-centres all-correct groups without std scaling and keeps GRPO's normalization for
 # mixed groups (§3.3). DAPO dynamic sampling (`algorithm.filter_groups`) judges the shaped rewards, so

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO + group length penalties on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/verl.md).
 #
-# The `length_penalty` block (decisions.md §2) comes from length_penalty_gsm8k.yaml next to this script;
+# The `length_penalty` block (docs/reference/length-penalties.md §2) comes from length_penalty_gsm8k.yaml next to this script;
 # verl_adapter (loaded through verl's `verl.plugins` entry point) validates it when the trainer starts
 # and shapes whole `uid` groups before verl's GRPO advantages. Metrics: `length_penalty/*`.
 #

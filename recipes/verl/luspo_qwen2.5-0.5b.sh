@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LUSPO on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/luspo.md).
 #
-# Paper settings (decisions.md §4.2) scaled to one GPU: clip range 2e-3 / 2.5e-3, lr 1e-6,
+# Paper settings (docs/reference/luspo.md §4.2) scaled to one GPU: clip range 2e-3 / 2.5e-3, lr 1e-6,
 # 8 responses per prompt, temperature 1.0, top-p 0.7; 32 prompts per step (paper: 128).
 # `loss_mode=luspo` is registered by verl_adapter through verl's `verl.plugins` entry point,
 # so only `pip install 'trl-length-plugin[verl]'` is needed besides verl and vLLM.
