@@ -73,13 +73,18 @@ CAPTURE_CHECKS = (
 
 
 class ScoreCenteringCaptureError(ValueError):
-    """A score-centering capture check failed; ``check`` is one of ``CAPTURE_CHECKS``."""
+    """A score-centering capture check failed; ``check`` is one of ``CAPTURE_CHECKS``; ``completion`` is the
+    completion's index in its batch when the caller knows it (:meth:`of_completion`)."""
 
-    def __init__(self, check: str, detail: str, position: int | None = None):
-        self.check = check
-        self.position = position
+    def __init__(self, check: str, detail: str, position: int | None = None, completion: int | None = None):
+        self.check, self.detail, self.position, self.completion = check, detail, position, completion
         where = "" if position is None else f" at generated position {position}"
-        super().__init__(f"score-centering capture check {check!r} failed{where}: {detail}")
+        of = "" if completion is None else f" of completion {completion}"
+        super().__init__(f"score-centering capture check {check!r} failed{where}{of}: {detail}")
+
+    def of_completion(self, completion: int) -> ScoreCenteringCaptureError:
+        """The same failure, naming the completion."""
+        return ScoreCenteringCaptureError(self.check, self.detail, self.position, completion)
 
 
 def _num_candidates(num_candidates: Any) -> int:
@@ -378,6 +383,45 @@ def _flat_sampled_logprobs(flat: Any, sampled: list[int]) -> np.ndarray:
             "sampled_token", f"the sampled token {sampled[t]} has no logprob entry", t
         )
     return np.asarray(_take(flat.logprobs, entries[hits[first_hit]].tolist()), dtype=np.float64)
+
+
+def extract_listed_score_centering_samples(
+    sampled_ids: list[int], logprobs: list[list[float]], token_ids: list[list[int]], num_candidates: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The head and the sampled token's logprob from per-position lists without ranks (an OpenAI-style
+    completions response: each position holds the sampled token and the top K, deduplicated, in any order).
+
+    Returns CPU ``(ids int32 [T, K], logprobs float32 [T, K], sampled float32 [T])``; the head keeps the
+    listed order (descending logprob in vLLM's responses). A position with K + 1 entries drops the sampled
+    token's (found by id), one with K keeps all; the value checks are those of the other extractors.
+    """
+    k = _num_candidates(num_candidates)
+    if not len(sampled_ids) == len(logprobs) == len(token_ids):
+        raise ScoreCenteringCaptureError(
+            "generated_token_count",
+            f"{len(logprobs)} logprob positions and {len(token_ids)} id positions for {len(sampled_ids)} tokens",
+        )
+    ids = np.empty((len(sampled_ids), k), dtype=np.int64)
+    values = np.empty((len(sampled_ids), k), dtype=np.float64)
+    sampled = np.empty(len(sampled_ids), dtype=np.float64)
+    for t, (token, row_values, row_ids) in enumerate(zip(sampled_ids, logprobs, token_ids, strict=True)):
+        if len(row_ids) != len(row_values) or len(row_ids) not in (k, k + 1):
+            raise ScoreCenteringCaptureError(
+                "candidate_count",
+                f"{len(row_ids)} entries, expected {k} or {k + 1} (head + sampled token)",
+                t,
+            )
+        if token not in row_ids:
+            raise ScoreCenteringCaptureError(
+                "sampled_token", f"the sampled token {token} has no logprob entry", t
+            )
+        where = row_ids.index(token)
+        sampled[t] = float("nan") if row_values[where] is None else row_values[where]
+        keep = [i for i in range(len(row_ids)) if len(row_ids) == k or i != where]
+        ids[t] = [row_ids[i] for i in keep]
+        values[t] = [float("nan") if row_values[i] is None else row_values[i] for i in keep]
+    head_ids, head_logprobs = _checked_head(ids, values)
+    return head_ids, head_logprobs, torch.from_numpy(_checked_logprob_values(sampled[:, None])[:, 0].copy())
 
 
 def extract_sampled_token_logprobs(output: Any) -> torch.Tensor:

@@ -11,6 +11,9 @@ _EXPORTS = {
     "luspo_loss": "trl_length_plugin.losses.luspo",
     "compute_score_centering_term": "trl_length_plugin.losses.score_centering",
     "score_centering_metrics": "trl_length_plugin.losses.score_centering",
+    "sampled_token_weights": "trl_length_plugin.losses.score_centering",
+    "AdaptiveClipController": "trl_length_plugin.losses.adaptive_controller",
+    "ScoreCenteringConfig": "trl_length_plugin.losses.score_centering_config",
     "policy_logprobs_at_sampler_topk": "trl_length_plugin.losses.topk_logprobs",
 }
 

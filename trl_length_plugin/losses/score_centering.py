@@ -207,6 +207,31 @@ def compute_score_centering_term(
     return ScoreCenteringTerm(correction=correction, sampler_head_mass=head.q.sum(-1))
 
 
+def sampled_token_weights(
+    ratio: torch.Tensor,
+    importance_sampling_mode: ImportanceSamplingMode,
+    is_bounds: tuple[float, float] | None = None,
+    advantages: torch.Tensor | None = None,
+    outer_bound: float | None = None,
+) -> torch.Tensor:
+    """The base loss's importance weight of each sampled token for a mode (reference §5.1, §5.7): the
+    ratio r = p(y) / q(y) itself (``"is"``), clamped into the bounds (``"tis"``), zeroed outside them
+    (``"icepop"``), or zeroed where adaptive-ppo-clip's filter rejects it for the sign of A
+    (``"adaptive-ppo-clip"``, ``is_bounds`` = (lo, hi + k)); ``"off"``: 1."""
+    _check_mode_arguments(importance_sampling_mode, is_bounds, ratio, advantages, outer_bound)
+    if importance_sampling_mode == "off":
+        return torch.ones_like(ratio)
+    if importance_sampling_mode == "is":
+        return ratio
+    lo, hi = is_bounds
+    if importance_sampling_mode == "tis":
+        return ratio.clamp(lo, hi)
+    if importance_sampling_mode == "icepop":
+        return torch.where(_in_bounds(ratio, lo, hi), ratio, 0.0)
+    kept = _adaptive_kept(ratio, advantages.to(ratio.device), lo, hi, outer_bound)
+    return torch.where(kept, ratio, 0.0)
+
+
 def score_centering_metrics(
     policy_logprobs_at_sampler_topk: torch.Tensor,
     *,

@@ -28,7 +28,22 @@ OVERRIDDEN_METHODS = {
     "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
     "_generate_and_score_completions": ("self", "inputs"),
     "_compute_loss": ("self", "model", "inputs"),
-}
+    "_get_per_token_logps_and_entropies": (
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+        "compute_aux_loss", "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask",
+        "spatial_shapes", "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids",
+        "image_position_ids",
+    ),
+    "_save_checkpoint": ("self", "model", "trial"),
+    "_load_optimizer_and_scheduler": ("self", "checkpoint"),
+}  # fmt: skip
+#: what score centering reads of TRL's vLLM generation, its fused head and its helpers
+VLLM_GENERATION_ATTRIBUTES = ("mode", "llm", "logprobs", "generation_kwargs", "tensor_parallel_size")
+VLLM_GENERATE = ("self", "prompts", "images", "num_generations", "profiler")
+TRL_HELPERS = ("FusedCausalLMOutput", "maybe_gather_lm_head_ctx", "pad", "add_fused_lm_head")
+#: vLLM's CPU GEMM dispatch the colocated CPU engine is made to skip, and the flat logprobs it is given
+VLLM_CPU_DISPATCH = ("layer", "remove_weight")
+FLAT_LOGPROBS_FIELDS = ("start_indices", "end_indices", "token_ids", "logprobs", "ranks", "decoded_tokens")
 #: the tuple ``GRPOTrainer._generate`` returns; the integration reads ``tool_mask``
 GENERATE_OUTPUT = (
     "prompt_ids",
@@ -86,6 +101,46 @@ def check_trl_host() -> None:
             problems.append(f"GRPOTrainer.{name}{params} differs from the expected {expected}")
     if problems:
         raise TRLHostError("; ".join(problems))
+
+
+def _parameters(function) -> tuple[str, ...] | None:
+    return tuple(inspect.signature(function).parameters) if callable(function) else None
+
+
+def check_vllm_host() -> None:
+    """Before TRL builds a colocated engine: the names the plugin wraps in TRL's generation and in vLLM."""
+    from trl.generation import vllm_generation
+
+    problems = []
+    if not callable(getattr(vllm_generation, "LLM", None)):
+        problems.append("trl.generation.vllm_generation.LLM (the engine class TRL builds) is gone")
+    if _parameters(getattr(vllm_generation.VLLMGeneration, "generate", None)) != VLLM_GENERATE:
+        problems.append(f"VLLMGeneration.generate no longer takes {VLLM_GENERATE}")
+    try:
+        from vllm.logprobs import FlatLogprobs
+        from vllm.model_executor.layers import utils
+    except ImportError as err:
+        problems.append(f"vLLM's internals moved ({err})")
+    else:
+        if _parameters(getattr(utils, "dispatch_cpu_unquantized_gemm", None)) != VLLM_CPU_DISPATCH:
+            problems.append(
+                "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer, remove_weight) changed"
+            )
+        if tuple(getattr(FlatLogprobs, "__dataclass_fields__", {})) != FLAT_LOGPROBS_FIELDS:
+            problems.append(f"vllm.logprobs.FlatLogprobs no longer has the fields {FLAT_LOGPROBS_FIELDS}")
+    if problems:
+        raise TRLHostError("; ".join(problems))
+
+
+def check_score_centering_host(trainer) -> None:
+    """After ``GRPOTrainer.__init__`` with score centering: TRL's vLLM generation object and helpers."""
+    from trl.trainer import utils
+
+    generation = getattr(trainer, "vllm_generation", None)
+    missing = [name for name in VLLM_GENERATION_ATTRIBUTES if not hasattr(generation, name)]
+    missing += [f"trl.trainer.utils.{name}" for name in TRL_HELPERS if not hasattr(utils, name)]
+    if missing:
+        raise TRLHostError(f"score centering reads {missing}, which this TRL lacks")
 
 
 def check_trainer_attributes(trainer) -> None:

@@ -15,14 +15,17 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
 
+from pydantic import ValidationError
 from trl import GRPOConfig
 
+from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
 from trl_length_plugin.shaping.config import (
     DEFAULT_REASONING_TAGS,
     SHAPING_KEYS,
     LengthConfigError,
     LengthPenaltyConfig,
     LengthShapingConfig,
+    config_error,
     load_shaping_config,
 )
 
@@ -43,6 +46,13 @@ def explicit_keys(keys: frozenset[str]) -> Iterator[None]:
         yield
     finally:
         _EXPLICIT_KEYS.reset(token)
+
+
+def _json_mapping(key: str, text: str) -> dict:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{key}: not valid JSON ({err})") from None
 
 
 def _default(spec):
@@ -123,15 +133,67 @@ class LengthPluginGRPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "Switch on LUSPO with the paper's settings (docs/reference/luspo.md §4)."},
     )
+    score_centering: bool = field(
+        default=False,
+        metadata={
+            "help": "Add the score-centering correction A * C to the loss, from the vLLM sampler's top-k head "
+            "(docs/reference/score-centering.md §5). Needs use_vllm."
+        },
+    )
+    score_centering_top_k: int = field(
+        default=0,
+        metadata={
+            "help": "K, the candidates captured per generated token (required >= 1 with score_centering)."
+        },
+    )
+    score_centering_importance_sampling: str = field(
+        default="auto",
+        metadata={
+            "help": "auto | off | is | tis | icepop | adaptive-ppo-clip; auto derives it from "
+            "vllm_importance_sampling_correction / vllm_importance_sampling_mode (reference §5.5)."
+        },
+    )
+    force_on_policy_ratio: bool = field(
+        default=False,
+        metadata={"help": "The sampled-token ratio uses the detached current policy (reference §5.5)."},
+    )
+    score_centering_adaptive_outer_bound: float = field(
+        default=10.0, metadata={"help": "adaptive-ppo-clip's outer bound o, above 1 + epsilon_high (§5.7)."}
+    )
+    score_centering_adaptive_k_init: float = field(
+        default=0.0, metadata={"help": "adaptive-ppo-clip's initial offset k (§5.7)."}
+    )
+    score_centering_adaptive_target: float = field(
+        default=0.02, metadata={"help": "adaptive-ppo-clip's target clip fraction, in (0, 1) (§5.7)."}
+    )
+    score_centering_adaptive_k_delta: float = field(
+        default=0.05, metadata={"help": "adaptive-ppo-clip's step of k per optimizer step (§5.7)."}
+    )
+    score_centering_adaptive_k_min: float = field(default=0.0, metadata={"help": "Lower bound of k (§5.7)."})
+    score_centering_adaptive_k_max: float = field(default=1.0, metadata={"help": "Upper bound of k (§5.7)."})
+    vllm_engine_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Extra arguments of the colocated vLLM engine, a mapping or a JSON string (e.g. "
+            '{"dtype": "float32", "enforce_eager": true} on CPU); score centering raises max_logprobs to K.'
+        },
+    )
 
     def __post_init__(self):
-        defaults = {f.name: _default(f) for f in fields(self) if f.name in SHAPING_KEYS}
-        # only what differs from the defaults counts as given, so the block's own reasoning_tags can apply
-        given = {key: getattr(self, key) for key in SHAPING_KEYS if getattr(self, key) != defaults[key]}
         try:
-            self.shaping: LengthShapingConfig = load_shaping_config(given)
+            self.shaping: LengthShapingConfig = load_shaping_config(self._given(SHAPING_KEYS))
         except LengthConfigError as err:
             raise ValueError(str(err)) from None
+        try:
+            self.score_centering_config = ScoreCenteringConfig.model_validate(
+                self._given(SCORE_CENTERING_KEYS)
+            )
+        except ValidationError as err:
+            raise ValueError(config_error(err)) from None
+        if isinstance(self.vllm_engine_kwargs, str):
+            self.vllm_engine_kwargs = _json_mapping("vllm_engine_kwargs", self.vllm_engine_kwargs)
+        if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
+            raise ValueError("vllm_engine_kwargs: expected a mapping or a JSON object string")
         if isinstance(self.length_penalty, str) and self.length_penalty.strip().startswith("{"):
             self.length_penalty = json.loads(self.length_penalty)  # stored as a mapping for loggers
         self._check_combinations()
@@ -140,6 +202,18 @@ class LengthPluginGRPOConfig(GRPOConfig):
 
             apply_luspo_defaults(self, _EXPLICIT_KEYS.get())
         super().__post_init__()
+        from trl_length_plugin.trl_integration.score_centering import resolve_plan
+
+        self.score_centering_plan = resolve_plan(self)
+        if self.vllm_engine_kwargs and self.vllm_mode != "colocate":
+            raise ValueError(
+                "vllm_engine_kwargs: only a colocated engine is built by the trainer (vllm_mode: colocate)"
+            )
+
+    def _given(self, keys: tuple[str, ...]) -> dict:
+        """The keys that differ from their defaults: what the user set (so dependent-key rules see them)."""
+        defaults = {f.name: _default(f) for f in fields(self) if f.name in keys}
+        return {key: getattr(self, key) for key in keys if getattr(self, key) != defaults[key]}
 
     @property
     def length_penalty_config(self) -> LengthPenaltyConfig | None:

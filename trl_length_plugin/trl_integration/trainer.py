@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from trl.trainer.utils import get_callable_name
 from trl_length_plugin.shaping import GroupNormalization, ShapingResult, shape_rollouts
 from trl_length_plugin.shaping.log import log_length_coefficient
 from trl_length_plugin.shaping.records import log_group_records
-from trl_length_plugin.trl_integration import _host
+from trl_length_plugin.trl_integration import _host, vllm_topk
 from trl_length_plugin.trl_integration.callback import LengthPluginCallback
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig
 from trl_length_plugin.trl_integration.model_card import length_card_section
@@ -45,6 +46,7 @@ from trl_length_plugin.trl_integration.rollouts import (
     gathered_batch,
     nested_metadata_warning,
 )
+from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -113,8 +115,9 @@ class _ShapingStep:
     result: ShapingResult | None = None
 
 
-class LengthPluginGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` driven by a ``LengthPluginGRPOConfig``; nothing changes when no length key is set."""
+class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
+    """``GRPOTrainer`` driven by a ``LengthPluginGRPOConfig``: length shaping and score centering; nothing
+    changes when none of their keys is set."""
 
     _tag_names = [*GRPOTrainer._tag_names, "trl-length-plugin"]
 
@@ -149,21 +152,27 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
         self._metadata: DatasetMetadata | None = None
         if self._shaping.enabled:  # every check that needs no model runs before the model loads
             train_dataset = self._check_setup(args, funcs, train_dataset, kwargs.get("environment_factory"))
+        self._score_plan = args.score_centering_plan
+        if self._score_plan is not None:
+            self._check_score_centering_inputs(kwargs)
         callbacks = list(callbacks or [])
         if args.length_curves_png:
             callbacks.append(LengthPluginCallback(curves_png=True))
-        super().__init__(
-            model,
-            funcs,
-            args,
-            train_dataset,
-            eval_dataset,
-            processing_class,
-            reward_processing_classes,
-            callbacks,
-            **kwargs,
-        )
+        with self._colocated_engine(args):
+            super().__init__(
+                model,
+                funcs,
+                args,
+                train_dataset,
+                eval_dataset,
+                processing_class,
+                reward_processing_classes,
+                callbacks,
+                **kwargs,
+            )
         _host.check_trainer_attributes(self)
+        if self._score_plan is not None:
+            self._install_score_centering()
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, LengthPluginCallback):
                 callback.bind(self)
@@ -171,6 +180,20 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
             self._finish_setup(args)
 
     # -- setup ------------------------------------------------------------------------------------------
+    @contextmanager
+    def _colocated_engine(self, args: LengthPluginGRPOConfig):
+        """While TRL builds its colocated engine: the plugin's engine arguments (``vllm_engine_kwargs``, the
+        logprob cap score centering needs) and, on vLLM's CPU platform, plain linear weights for weight sync."""
+        if not (args.use_vllm and args.vllm_mode == "colocate"):
+            yield
+            return
+        _host.check_vllm_host()
+        vllm_topk.keep_plain_cpu_linears()
+        plan = self._score_plan
+        extra = vllm_topk.colocate_engine_kwargs(args.vllm_engine_kwargs or {}, plan.top_k if plan else 0)
+        with vllm_topk.engine_kwargs(extra):
+            yield
+
     def _check_setup(self, args: LengthPluginGRPOConfig, funcs: list, train_dataset, environment_factory):
         """Checks that need no model; returns the training dataset with the prompt-id column when the
         penalties read per-prompt metadata (parsed once per prompt, reference §2.14)."""

@@ -1,0 +1,67 @@
+"""The adaptive-ppo-clip controller: the offset k of the upper bound hi + k, stepped once per optimizer step
+(docs/reference/score-centering.md §5.7). Shared by every host.
+
+After each optimizer step, f is the fraction of valid sampled tokens with A > 0 whose ratio r = p(y) / q(y)
+(trainer over sampler, detached) exceeds hi + k, over the whole step and every process (the host sums the
+counts); then k <- clamp(k + delta if f > target else k - delta, k_min, k_max).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class AdaptiveClipController:
+    """k and its rule; ``counts`` accumulates (clipped, positive) token counts until :meth:`step`."""
+
+    k: float
+    target: float
+    delta: float
+    k_min: float
+    k_max: float
+    clipped: float = 0.0
+    positive: float = 0.0
+
+    @classmethod
+    def from_config(cls, config) -> AdaptiveClipController:
+        """From a ``ScoreCenteringConfig``."""
+        return cls(
+            k=config.score_centering_adaptive_k_init,
+            target=config.score_centering_adaptive_target,
+            delta=config.score_centering_adaptive_k_delta,
+            k_min=config.score_centering_adaptive_k_min,
+            k_max=config.score_centering_adaptive_k_max,
+        )
+
+    @staticmethod
+    def counts(
+        ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, upper: float
+    ) -> torch.Tensor:
+        """(tokens above ``upper`` with A > 0, tokens with A > 0) among the valid ones, detached, float64."""
+        with torch.no_grad():
+            positive = mask.bool() & (advantages > 0)
+            return torch.stack([(positive & (ratio > upper)).sum(), positive.sum()]).double()
+
+    def accumulate(self, counts: torch.Tensor) -> None:
+        """Add one micro-batch's (globally summed) counts."""
+        clipped, positive = counts.tolist()
+        self.clipped += clipped
+        self.positive += positive
+
+    def step(self) -> float:
+        """Update k from the accumulated step and reset the counts; returns f (0 without positive tokens)."""
+        fraction = self.clipped / self.positive if self.positive else 0.0
+        moved = self.k + self.delta if fraction > self.target else self.k - self.delta
+        self.k = min(max(moved, self.k_min), self.k_max)
+        self.clipped = self.positive = 0.0
+        return fraction
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)

@@ -1,0 +1,411 @@
+"""Score centering in TRL's ``GRPOTrainer`` (docs/reference/score-centering.md §5).
+
+:func:`resolve_plan` turns a ``LengthPluginGRPOConfig`` into what the trainer does (the mode and its bounds
+derived from TRL's importance-sampling keys, sampler replay, the on-policy ratio), with every check the config
+alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, in front of ``GRPOTrainer``:
+
+1. generation (``_generate``): the sampler's heads (``vllm_topk.TopkCapture``) padded to ``[B, T, K]``; TRL's
+   sampled-token logprob is picked by id; under replay TRL's old-logprob pass is kept-set normalized too;
+2. ``_generate_and_score_completions``: the heads join TRL's batch (its shuffle and micro-batch split carry
+   them to the loss);
+3. ``_compute_loss``: for ``is`` and ``adaptive-ppo-clip`` the sampled-token importance weights of the mode
+   replace TRL's (from the batch's final advantages); the trainer's logprobs at the K ids come from the
+   loss's own forward (``topk_head``); ``A * C`` is masked and normalized like the base loss
+   (``loss_aggregation.aggregate``); the metrics of §5.6; the adaptive controller's counts, its step at each
+   optimizer step, its state in checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
+from trl_length_plugin.losses.score_centering import (
+    compute_score_centering_term,
+    sampled_token_weights,
+    score_centering_metrics,
+)
+from trl_length_plugin.trl_integration import vllm_topk
+from trl_length_plugin.trl_integration.loss_aggregation import aggregate
+from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
+
+TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
+SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
+#: generation_kwargs that would change what vLLM returns for the head
+CAPTURE_KWARGS = ("logprobs", "prompt_logprobs", "logprob_token_ids", "flat_logprobs", "detokenize")
+STATE_FILE = "score_centering_state.json"
+
+
+@dataclass(frozen=True)
+class ScoreCenteringPlan:
+    """What the trainer does: K, the mode and its bounds (adaptive-ppo-clip: (lo, hi) before the offset k),
+    the outer bound, sampler replay, the detached on-policy ratio, and whether the plugin writes the
+    sampled-token importance weights (TRL has no ``is`` or ``adaptive-ppo-clip`` mode)."""
+
+    top_k: int
+    mode: str
+    bounds: tuple[float, float] | None
+    outer_bound: float | None
+    replay: bool
+    force_on_policy: bool
+
+    @property
+    def writes_weights(self) -> bool:
+        return self.mode in ("is", "adaptive-ppo-clip")
+
+
+def _sampling(args) -> dict:
+    """The effective sampling settings (``generation_kwargs`` override TRL's own keys)."""
+    kwargs = args.generation_kwargs or {}
+    names = ("temperature", "top_k", "top_p", "min_p")
+    return {name: kwargs.get(name, getattr(args, name)) for name in names}
+
+
+def _mode(args, wanted: str) -> tuple[str, tuple[float, float] | None]:
+    """The mode and bounds from TRL's importance-sampling keys (reference §5.5)."""
+    correction, trl_mode = args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode
+    if correction and trl_mode in SEQUENCE_MODES:
+        raise ValueError(
+            f"vllm_importance_sampling_mode: {trl_mode!r} (TRL's default) is sequence-level; score centering needs "
+            "a token-level mode: set vllm_importance_sampling_mode: token_truncate (tis) or token_mask (icepop), "
+            "or vllm_importance_sampling_correction: false (off)"
+        )
+    derived = TOKEN_MODES.get(trl_mode) if correction else "off"
+    mode = derived if wanted == "auto" else wanted
+    if mode == "off" and correction:
+        raise ValueError(
+            "score_centering_importance_sampling: 'off' needs vllm_importance_sampling_correction: false "
+            "(TRL would weight the base loss)"
+        )
+    if mode != "off" and not correction:
+        raise ValueError(
+            f"score_centering_importance_sampling: {mode!r} needs vllm_importance_sampling_correction: true "
+            "(with a token-level vllm_importance_sampling_mode)"
+        )
+    if mode in ("tis", "icepop") and mode != derived:
+        raise ValueError(
+            f"score_centering_importance_sampling: {mode!r} needs vllm_importance_sampling_mode: "
+            f"{'token_truncate' if mode == 'tis' else 'token_mask'}, got {trl_mode!r}"
+        )
+    if mode in ("tis", "icepop"):
+        low, high = args.vllm_importance_sampling_clip_min or 0.0, args.vllm_importance_sampling_clip_max
+        if high is None or not math.isfinite(high):
+            raise ValueError(
+                f"vllm_importance_sampling_clip_max: {mode} needs a finite upper bound, got {high}"
+            )
+        return mode, (low, high)
+    if mode == "adaptive-ppo-clip":
+        high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        return mode, (1.0 - args.epsilon, 1.0 + high)
+    return mode, None
+
+
+def resolve_plan(args) -> ScoreCenteringPlan | None:
+    """Check the config and resolve the plan (None when score centering is off); every error names a key."""
+    config = args.score_centering_config
+    if not config.enabled:
+        return None
+    top_k = config.score_centering_top_k
+    if not args.use_vllm:
+        raise ValueError("score_centering: needs use_vllm: true (the sampler's head comes from vLLM)")
+    if args.max_tool_calling_iterations is not None:
+        raise ValueError(
+            "max_tool_calling_iterations: tool-calling loops are not supported with score_centering"
+        )
+    captured = sorted(set(args.generation_kwargs or {}) & set(CAPTURE_KWARGS))
+    if captured:
+        raise ValueError(f"generation_kwargs.{captured[0]}: score centering sets what vLLM returns; drop it")
+    sampling = _sampling(args)
+    temperature = sampling["temperature"]
+    if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"temperature: score centering needs a positive finite temperature, got {temperature}"
+        )
+    top_p, min_p, top_k_filter = sampling["top_p"], sampling["min_p"] or 0.0, sampling["top_k"] or 0
+    replay = top_k_filter > 0 or top_p < 1.0 or min_p > 0.0
+    if replay and not 1 <= top_k_filter <= top_k:
+        raise ValueError(
+            f"top_k: sampling filters need sampler replay, whose head must hold the kept set: set top_k between 1 "
+            f"and score_centering_top_k={top_k} (top_p and min_p only shrink it), got top_k={top_k_filter}"
+        )
+    mode, bounds = _mode(args, config.score_centering_importance_sampling)
+    outer = None
+    if mode == "adaptive-ppo-clip":
+        outer = config.score_centering_adaptive_outer_bound
+        if outer <= bounds[1]:
+            raise ValueError(
+                f"score_centering_adaptive_outer_bound: must be above hi = 1 + epsilon_high = {bounds[1]}, got {outer}"
+            )
+    if config.force_on_policy_ratio:
+        accumulation, per_generation = args.gradient_accumulation_steps, args.steps_per_generation
+        if args.num_iterations != 1 or accumulation % per_generation:
+            raise ValueError(
+                "force_on_policy_ratio: needs one optimizer update per rollout batch: num_iterations: 1 and "
+                f"steps_per_generation dividing gradient_accumulation_steps (got num_iterations="
+                f"{args.num_iterations}, steps_per_generation={per_generation}, "
+                f"gradient_accumulation_steps={accumulation})"
+            )
+    return ScoreCenteringPlan(top_k, mode, bounds, outer, replay, config.force_on_policy_ratio)
+
+
+class ScoreCenteringMixin:
+    """The trainer side of score centering; in front of ``GRPOTrainer`` in the MRO. ``_score_plan`` is the
+    resolved plan (None: every hook passes through)."""
+
+    _score_plan: ScoreCenteringPlan | None = None
+
+    # -- setup --------------------------------------------------------------------------------------------
+    def _check_score_centering_inputs(self, kwargs: dict) -> None:
+        """Before the model loads: what the trainer's arguments alone decide."""
+        for name in ("tools", "environment_factory", "rollout_func"):
+            if kwargs.get(name) is not None:
+                raise ValueError(
+                    f"score_centering: {name} is not supported (the sampler's head comes from vLLM)"
+                )
+
+    def _install_score_centering(self) -> None:
+        """After ``GRPOTrainer.__init__``: capture, the top-k head, the server check, the controller."""
+        from accelerate.utils import broadcast_object_list, is_peft_model
+
+        from trl_length_plugin.trl_integration._host import check_score_centering_host
+
+        check_score_centering_host(self)
+        plan = self._score_plan
+        peft = is_peft_model(self.model)
+        target = self.model.get_base_model() if peft else self.model
+        if peft:
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            if isinstance(target.get_output_embeddings(), BaseTunerLayer):
+                raise ValueError(
+                    "score_centering: an adapter on the LM head is not supported (leave lm_head out of LoRA)"
+                )
+        if self.aux_loss_enabled:
+            raise ValueError(
+                "score_centering: the MoE router auxiliary loss is not supported (router_aux_loss_coef)"
+            )
+        if plan.replay and self.beta != 0.0 and not peft:
+            raise ValueError(
+                "beta: under sampler replay the reference logprobs would be full-vocabulary; use beta: 0 or PEFT"
+            )
+        generation = self.vllm_generation
+        if generation.mode == "server":
+            verdict = [None]
+            if self.accelerator.is_main_process:
+                try:
+                    vllm_topk.check_server(
+                        generation, plan.top_k, raw_allowed=not plan.replay and self.temperature == 1
+                    )
+                except ValueError as err:
+                    verdict = [str(err)]
+            broadcast_object_list(verdict, from_process=0)
+            if verdict[0] is not None:
+                raise ValueError(verdict[0])
+        self._capture = vllm_topk.TopkCapture(generation, plan.top_k)
+        self._head_request: HeadRequest | None = None
+        self._generation_request: HeadRequest | None = None
+        self._generation_heads: tuple[torch.Tensor, torch.Tensor] | None = None
+        install_topk_head(target, lambda: self._head_request)
+        self._controller = None
+        if plan.mode == "adaptive-ppo-clip":
+            self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
+
+    # -- generation ---------------------------------------------------------------------------------------
+    def _generate(self, prompts):
+        output = super()._generate(prompts)
+        if self._score_plan is None:
+            return output
+        from trl.trainer.utils import pad
+
+        heads = self._capture.take()
+        device, multiple = self.accelerator.device, self.pad_to_multiple_of
+        ids = pad(
+            [ids.long() for ids, _ in heads],
+            padding_value=0,
+            padding_side="right",
+            pad_to_multiple_of=multiple,
+        )
+        logprobs = pad(
+            [logprobs for _, logprobs in heads],
+            padding_value=-math.inf,
+            padding_side="right",
+            pad_to_multiple_of=multiple,
+        )
+        self._generation_heads = (ids.to(device), logprobs.to(device))
+        if self._score_plan.replay:  # TRL's old logprobs must be kept-set normalized like vLLM's
+            self._generation_request = HeadRequest(*self._generation_heads, replay=True)
+        return output
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self._score_plan is None:
+            return output
+        self._generation_request = None
+        ids, logprobs = self._generation_heads
+        self._generation_heads = None
+        if ids.shape[:2] != output["completion_ids"].shape:
+            raise RuntimeError(
+                f"score centering: heads {tuple(ids.shape)} for completions {tuple(output['completion_ids'].shape)}"
+            )
+        output["sampler_topk_ids"], output["sampler_topk_logprobs"] = ids, logprobs
+        return output
+
+    def _sampled_token_weights(self, inputs: dict) -> torch.Tensor:
+        """The sampled-token weights of ``is`` / ``adaptive-ppo-clip`` from TRL's old and sampler logprobs (the
+        ratio TRL computes, before its own truncation)."""
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        difference = ((inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]) * mask).nan_to_num(
+            0.0
+        )
+        plan, ratio = self._score_plan, difference.exp()
+        if plan.mode == "is":
+            return sampled_token_weights(ratio, "is")
+        low, high = plan.bounds
+        advantages = inputs["advantages"]
+        advantages = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).expand_as(ratio)
+        return sampled_token_weights(
+            ratio, plan.mode, (low, high + self._controller.k), advantages, plan.outer_bound
+        )
+
+    # -- the forward --------------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+    ):
+        request = None
+        if self._score_plan is not None:
+            request = self._loss_request if kwargs.get("compute_entropy") else self._generation_request
+        self._head_request = request
+        try:
+            result = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        finally:
+            self._head_request = None
+        if request is not None and request is self._loss_request:
+            self._loss_topk, self._loss_logps, self._loss_entropies = request.collect(), result[0], result[1]
+        elif request is not None:
+            request.collect()
+        return result
+
+    _loss_request: HeadRequest | None = None
+
+    # -- the loss -----------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        plan = self._score_plan
+        if plan is None:
+            return super()._compute_loss(model, inputs)
+        self._loss_request = HeadRequest(
+            inputs["sampler_topk_ids"], inputs["sampler_topk_logprobs"], plan.replay
+        )
+        base_inputs = dict(inputs)
+        if plan.writes_weights:
+            base_inputs["importance_sampling_ratio"] = self._sampled_token_weights(inputs)
+        if plan.force_on_policy:  # TRL then takes the detached current policy as the old one
+            base_inputs.pop("old_per_token_logps", None)
+        try:
+            loss = super()._compute_loss(model, base_inputs)
+        finally:
+            self._loss_request = None
+        return loss + self._centering_loss(inputs)
+
+    def _centering_loss(self, inputs) -> torch.Tensor:
+        """``A * C`` of this micro-batch with the base loss's masks and normalization; logs the metrics."""
+        plan, topk = self._score_plan, self._loss_topk
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        advantages = inputs["advantages"]
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        bounds = plan.bounds
+        if plan.mode == "adaptive-ppo-clip":
+            bounds = (bounds[0], bounds[1] + self._controller.k)
+        term = compute_score_centering_term(
+            topk,
+            sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
+            importance_sampling_mode=plan.mode,
+            is_bounds=bounds,
+            token_mask=mask.bool(),
+            sampler_replay=plan.replay,
+            adaptive_ppo_clip_advantages=advantages.expand_as(mask)
+            if plan.mode == "adaptive-ppo-clip"
+            else None,
+            adaptive_ppo_clip_outer_bound=plan.outer_bound,
+        )
+        per_token = advantages * term.correction * self._sample_masks(inputs, mask, advantages)
+        training = self.model.training
+        loss = aggregate(
+            per_token,
+            mask,
+            self.loss_type,
+            training=training,
+            accumulation_steps=self.current_gradient_accumulation_steps,
+            num_items_in_batch=inputs["num_items_in_batch"],
+            num_processes=self.accelerator.num_processes,
+            steps_per_generation=self.args.steps_per_generation,
+            max_completion_length=self.max_completion_length,
+        )
+        self._log_score_centering(inputs, term.correction, mask, advantages, training)
+        return loss
+
+    def _sample_masks(self, inputs, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor | float:
+        """TRL's entropy and off-policy sequence masks of the base loss, recomputed from the same tensors."""
+        masks = 1.0
+        if self.top_entropy_quantile < 1.0:
+            masks = self.get_high_entropy_mask(self._loss_entropies, mask, 1 - self.top_entropy_quantile)
+        if self.off_policy_mask_threshold is not None:
+            logps = self._loss_logps.detach()
+            old = inputs.get("old_per_token_logps", logps)
+            masks = masks * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        return masks
+
+    def _log_score_centering(self, inputs, correction, mask, advantages, training: bool) -> None:
+        mode = "train" if training else "eval"
+        metrics = score_centering_metrics(
+            self._loss_topk,
+            sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
+            correction=correction,
+            token_mask=mask.bool(),
+            sampler_replay=self._score_plan.replay,
+        )
+        for key, value in metrics.items():
+            self._metrics[mode][key].append(self.accelerator.gather(value).nanmean().item())
+        if self._controller is None or not training:
+            return
+        ratio = (self._loss_logps.detach() - inputs["sampling_per_token_logps"]).nan_to_num(0.0).exp()
+        upper = self._score_plan.bounds[1] + self._controller.k
+        counts = self._controller.counts(ratio, advantages.expand_as(mask), mask, upper)
+        self._controller.accumulate(self.accelerator.reduce(counts, reduction="sum"))
+        if (
+            self.accelerator.sync_gradients
+        ):  # the step's last micro-batch: one controller step per optimizer step
+            self._metrics[mode]["score_centering/adaptive_k"].append(self._controller.k)
+            self._metrics[mode]["score_centering/adaptive_clip_frac"].append(self._controller.step())
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._controller is not None and self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            with open(os.path.join(folder, STATE_FILE), "w") as state:
+                json.dump(self._controller.state_dict(), state)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self._controller is not None and checkpoint is not None:
+            path = os.path.join(checkpoint, STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as state:
+                    self._controller.load_state_dict(json.load(state))
