@@ -4,7 +4,6 @@ with TRL 1.16's native ``loss_type="luspo"`` on real training steps of the embed
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ trl = pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_length_plugin.losses.luspo import luspo_loss  # noqa: E402
+from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 from trl_length_plugin.trl_integration.luspo import apply_luspo_defaults  # noqa: E402
 
 
@@ -178,7 +178,7 @@ def test_core_equals_trl_native_luspo(tiny_model_dir, tmp_path, beta):
     assert any(r["clipped"] > 0 for r in records[2:])
 
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "trl"
+RECIPES = RECIPES_DIR / "trl"
 
 
 def parse_recipe(name, *flags):

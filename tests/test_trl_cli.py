@@ -1,5 +1,5 @@
 """``trl-length-grpo``: a bad recipe exits non-zero before any model loads with a message naming the key;
-every recipe in recipes/trl parses and validates; a CPU recipe trains through the console command."""
+every shipped TRL recipe parses and validates; a CPU recipe trains through the console command."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import pytest
 import yaml
 
 from trl_length_plugin import cli
+from trl_length_plugin.recipes import RECIPES_DIR
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = sorted((REPO / "recipes" / "trl").glob("*.yaml"))
+RECIPES = sorted((RECIPES_DIR / "trl").glob("*.yaml"))
 CONSOLE = Path(sys.executable).with_name("trl-length-grpo")
 MISSING_MODEL = "/nonexistent/model"  # loading it would fail with another message: proves nothing loaded
 
 
 def write_recipe(tmp_path, **changes) -> Path:
-    recipe = yaml.safe_load((REPO / "recipes" / "trl" / "group_relative_cpu.yaml").read_text())
+    recipe = yaml.safe_load((RECIPES_DIR / "trl" / "group_relative_cpu.yaml").read_text())
     recipe.update(model_name_or_path=MISSING_MODEL, output_dir=str(tmp_path / "out"), **changes)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
@@ -81,7 +82,7 @@ def test_every_recipe_parses(recipe, tmp_path):
 @pytest.mark.slow
 def test_cpu_recipe_trains_through_the_console_command(tmp_path):
     out = tmp_path / "run"
-    recipe = REPO / "recipes" / "trl" / "coefficient_cpu.yaml"
+    recipe = RECIPES_DIR / "trl" / "coefficient_cpu.yaml"
     flags = [
         "--max_steps",
         "2",
