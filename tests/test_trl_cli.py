@@ -218,6 +218,10 @@ def test_help_says_a_length_penalty_flag_replaces_the_block(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--length_penalty flag replaces the recipe's whole length_penalty block" in help_text
     assert "recipe:NAME" in help_text and "--length_penalty_coeff" in help_text
+    assert (
+        f"ship with the package: {cli.DOCS}" in help_text
+        and (cli.DOCS / "reference" / "product.md").is_file()
+    )
 
 
 def test_length_penalty_flag_replacing_the_block_is_logged(tmp_path, caplog):

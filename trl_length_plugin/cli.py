@@ -38,12 +38,14 @@ from trl_length_plugin.shaping.config import SHAPING_KEYS, config_error, load_sh
 
 PROG = "trl-length-grpo"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+#: the docs/ folder inside the package (in a checkout a symlink to the top-level docs/)
+DOCS = Path(__file__).parent / "docs"
 DESCRIPTION = (
     "GRPO with the length-control plugin (docs/trl.md). Keys come from a YAML recipe, --config FILE or "
     "--config recipe:NAME (`trl-length recipes` lists the shipped ones), and from --key value flags, which "
     "override the recipe's keys; a --length_penalty flag replaces the recipe's whole length_penalty block "
     "(nothing of it is merged). Every option below is also a recipe key. Without log_level the run uses "
-    "log_level info."
+    f"log_level info. The docs cited here (docs/...) ship with the package: {DOCS}"
 )
 
 logger = logging.getLogger("trl_length_plugin")
