@@ -136,6 +136,8 @@ POST_IMPORT = {
     "unknown flag": ({}, ["--no_such_flag", "1"], ["'no_such_flag'", "on the command line"]),
     "flag of a wrong type": ({}, ["--num_generations", "four"], ["--num_generations", "invalid int value"]),
     "TRL config check": ({}, ["--num_generations", "3"], ["num_generations"]),
+    "TRL key of a wrong type": ({"learning_rate": [1, 2]}, [], ["learning_rate: [1, 2] is not a number"]),
+    "fraction for a TRL integer": ({"num_generations": 4.5}, [], ["num_generations: 4.5 is not an integer"]),
     "bad reward path": (
         {"reward_funcs": ["trl_length_plugin.embedded.no_such_reward"]},
         [],

@@ -95,7 +95,7 @@ class CommandLine:
         """``key``'s value, the flag's over the recipe's (a flag's values as written, strings)."""
         if key not in self.flags:
             return self.recipe[key]
-        values = self.flags[key]
+        values = self.flags[key]  # reasoning_tags is the one list key
         return values if key == "reasoning_tags" or len(values) != 1 else values[0]
 
     def trl_argv(self) -> list[str]:
@@ -182,6 +182,38 @@ def show_plugin_logs(command: CommandLine) -> None:
         logger.setLevel(level.upper())
 
 
+def warn_if_block_replaced(command: CommandLine) -> None:
+    """A ``--length_penalty`` flag replaces the recipe's whole block: say so, naming what is dropped."""
+    block = command.recipe.get("length_penalty")
+    if "length_penalty" in command.flags and block:
+        replaced = ", ".join(block) if isinstance(block, Mapping) else repr(block)
+        logger.warning(
+            "--length_penalty replaces the whole length_penalty block of %s (%s); nothing of it is merged",
+            command.config,
+            replaced,
+        )
+
+
+def check_keys(command: CommandLine, known: list[str], numbers: dict[str, type]) -> None:
+    """Fail on a recipe key or flag that is no key of TRL's parser (naming the closest known one), and on a
+    recipe value that is no number for a numeric key (TRL's parser converts flags, not recipe values)."""
+    in_recipe = set(command.recipe) - set(known) - {"env"}
+    # argparse also takes an unambiguous prefix of a flag
+    in_flags = {flag for flag in command.flags if not any(dest.startswith(flag) for dest in known)}
+    for unknown, where in ((in_recipe, f"in {command.config}"), (in_flags, "on the command line")):
+        if unknown:
+            fail(unknown_keys(unknown, known, where))
+    for key, number in numbers.items():
+        value = command.recipe.get(key)
+        try:
+            if value is not None:
+                number(str(value))
+        except ValueError:
+            fail(
+                f"{key}: {value!r} is not {'an integer' if number is int else 'a number'} (in {command.config})"
+            )
+
+
 def parse_args(argv: list[str] | None = None):
     """Parse and validate the recipe and flags: the plugin's keys before TRL is imported, then everything with
     TRL's parser. Any error ends the command with one line and exit status 2."""
@@ -191,25 +223,12 @@ def parse_args(argv: list[str] | None = None):
     except ValueError as err:
         fail(str(err))
     show_plugin_logs(command)
-    block = command.recipe.get("length_penalty")
-    if "length_penalty" in command.flags and block:
-        replaced = ", ".join(block) if isinstance(block, Mapping) else repr(block)
-        logger.warning(
-            "--length_penalty replaces the whole length_penalty block of %s (%s); nothing of it is merged",
-            command.config,
-            replaced,
-        )
+    warn_if_block_replaced(command)
     script = import_script()
     from trl_length_plugin.trl_integration.config import explicit_keys
 
     parser = script.make_parser(PROG, DESCRIPTION)
-    known = [action.dest for action in parser._actions]
-    in_recipe = set(command.recipe) - set(known) - {"env"}
-    # argparse also takes an unambiguous prefix of a flag
-    in_flags = {flag for flag in command.flags if not any(dest.startswith(flag) for dest in known)}
-    for unknown, where in ((in_recipe, f"in {command.config}"), (in_flags, "on the command line")):
-        if unknown:
-            fail(unknown_keys(unknown, known, where))
+    check_keys(command, [action.dest for action in parser._actions], script.numeric_keys(parser))
     try:
         with explicit_keys(command.written):
             return script.parse(parser, command.trl_argv())

@@ -6,9 +6,12 @@ Every user error here is a ``ValueError``; the command line turns it into one li
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
@@ -45,8 +48,22 @@ class Parser(TrlParser):
 
 
 def make_parser(prog: str, description: str) -> Parser:
-    dataclasses = (LengthGRPOScriptArguments, LengthPluginGRPOConfig, ModelConfig, DatasetMixtureConfig)
-    return Parser(dataclasses, prog=prog, description=description)
+    arguments = (LengthGRPOScriptArguments, LengthPluginGRPOConfig, ModelConfig, DatasetMixtureConfig)
+    return Parser(arguments, prog=prog, description=description)
+
+
+def numeric_keys(parser: Parser) -> dict[str, type]:
+    """Key -> ``int`` or ``float`` for every key whose type is that number (or None)."""
+    numbers = {}
+    for arguments in parser.dataclass_types:
+        hints = typing.get_type_hints(arguments)
+        for spec in dataclasses.fields(arguments):
+            hint = hints[spec.name]
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = (set(typing.get_args(hint)) if union else {hint}) - {type(None)}
+            if kinds in ({int}, {float}):
+                numbers[spec.name] = kinds.pop()
+    return numbers
 
 
 def import_dotted(path: str):
