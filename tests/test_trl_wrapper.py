@@ -1,5 +1,5 @@
 """The reward-wrapper route: ``LengthPenaltyReward`` on TRL's stock ``GRPOTrainer`` gives the same rewards
-as ``LengthPluginGRPOTrainer`` for the group penalties (decisions.md §2.4), the callback delivers the
+as ``LengthPluginGRPOTrainer`` for the group penalties (docs/reference/length-penalties.md §2.4), the callback delivers the
 schedule and keeps evaluation unshaped, and the wrapper's metrics reach TRL's logs.
 
 Completions come from a deterministic TRL ``rollout_func`` so both trainers see the same batch."""
@@ -129,7 +129,7 @@ def unscorable_every_third(completions, answer, **kwargs):
 def test_eval_without_callback_is_unshaped_and_ungrouped(setup, tmp_path):
     """Without the callback the wrapper still sees evaluation (through the calling trainer), never groups
     its rows (groups of ``num_generations_eval``, not ``num_generations``), and keeps unscorable rows ``None``
-    so TRL's eval metrics still treat them as unscorable (decisions.md §2.15)."""
+    so TRL's eval metrics still treat them as unscorable (docs/reference/length-penalties.md §2.15)."""
     tokenizer, common = setup
     wrapper = LengthPenaltyReward(unscorable_every_third, BLOCK, num_generations=4, tokenizer=tokenizer)
     stock = RecordingStockTrainer(
@@ -144,3 +144,26 @@ def test_eval_without_callback_is_unshaped_and_ungrouped(setup, tmp_path):
         unscorable = torch.isnan(correctness)
         assert bool(unscorable.any())
         assert bool(torch.isnan(penalty[unscorable]).all()) and bool((penalty[~unscorable] == 0).all())
+
+
+@pytest.mark.slow
+def test_wrapper_reads_the_trainers_group_size_and_refuses_a_mismatch(setup, tmp_path):
+    """Groups are the trainer's ``num_generations`` (4 here): the wrapper without the argument reads it, and
+    a different value is refused at the first call instead of shaping wrong groups."""
+    tokenizer, common = setup
+    common = {k: v for k, v in common.items() if k != "eval_dataset"}
+    runs = {}
+    for name, size in (("read", None), ("given", 4)):
+        wrapper = LengthPenaltyReward(correctness_reward, BLOCK, num_generations=size, tokenizer=tokenizer)
+        stock = RecordingStockTrainer(
+            reward_funcs=[correctness_reward, wrapper], args=tiny_config(tmp_path / name), **common
+        )
+        stock.train()
+        runs[name] = stock.records[0].rewards_per_func
+    torch.testing.assert_close(runs["read"], runs["given"], rtol=0, atol=0)
+    wrong = LengthPenaltyReward(correctness_reward, BLOCK, num_generations=2, tokenizer=tokenizer)
+    stock = RecordingStockTrainer(
+        reward_funcs=[correctness_reward, wrong], args=tiny_config(tmp_path / "wrong"), **common
+    )
+    with pytest.raises(ValueError, match="num_generations=2 but the trainer's is 4"):
+        stock.train()
