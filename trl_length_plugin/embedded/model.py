@@ -119,7 +119,7 @@ def build_model(tokenizer, seed: int = 0):
     torch.manual_seed(seed)
     config = transformers.Qwen2Config(
         **MODEL_CONFIG,
-        bos_token_id=None,  # the tokenizer adds no BOS; equal values keep TRL from "aligning" the config
+        bos_token_id=None,  # as the tokenizer: else transformers "aligns" the config with a warning
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
