@@ -4,7 +4,6 @@ with TRL 1.16's native ``loss_type="luspo"`` on real training steps of the embed
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ trl = pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_length_plugin.losses.luspo import luspo_loss  # noqa: E402
+from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 from trl_length_plugin.trl_integration.luspo import apply_luspo_defaults  # noqa: E402
 
 
@@ -178,7 +178,7 @@ def test_core_equals_trl_native_luspo(tiny_model_dir, tmp_path, beta):
     assert any(r["clipped"] > 0 for r in records[2:])
 
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "trl"
+RECIPES = RECIPES_DIR / "trl"
 
 
 def parse_recipe(name, *flags):
@@ -204,7 +204,7 @@ def test_gpu_recipes_are_twins_that_differ_only_in_the_loss():
 
 @pytest.mark.slow
 def test_cpu_recipe_trains_with_luspo(tmp_path):
-    """One step of recipes/trl/luspo_cpu.yaml through the plugin's console command."""
+    """One step of recipe luspo_cpu through the command line's parse_args and run."""
     from trl_length_plugin.cli import parse_args, run
 
     parsed = parse_args(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,9 +29,9 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 import verl_adapter.luspo as adapter  # noqa: E402
 from tests.verl_length_helpers import compose_verl, recipe_overrides  # noqa: E402
 from trl_length_plugin.losses.luspo import luspo_loss  # noqa: E402
+from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = {name: REPO / "recipes" / "verl" / f"{name}_qwen2.5-0.5b.sh" for name in ("luspo", "gspo")}
+RECIPES = {name: RECIPES_DIR / "verl" / f"{name}_qwen2.5-0.5b.sh" for name in ("luspo", "gspo")}
 
 
 @pytest.fixture(scope="module")

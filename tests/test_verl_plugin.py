@@ -1,8 +1,8 @@
 """verl finds and validates the length shaping on its own (docs/reference/product.md §1.3, §2.1, §3).
 
 - In a fresh process a bare ``import verl`` registers everything, through the ``verl.plugins`` entry point.
-- The recipes under ``recipes/verl/`` compose with verl's own Hydra config, pass verl's config validation
-  and the trainer's startup validation.
+- The recipes under ``trl_length_plugin/recipes/verl/`` compose with verl's own Hydra config, pass verl's config
+  validation and the trainer's startup validation.
 - A bad length-shaping config fails when the trainer starts, naming the key: in the trainer constructor
   (what verl's TaskRunner calls before it launches any worker), and end to end through
   ``python3 -m verl.trainer.main_ppo`` on a local Ray (the run stops before workers are created; no GPU,
@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,12 +26,12 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from tests.verl_length_helpers import compose_verl, make_trainer, recipe_overrides
+from trl_length_plugin.recipes import RECIPES_DIR
 from verl_adapter.length_advantage import compute_length_grpo_advantage
 from verl_adapter.length_config import shaping_config
 from verl_adapter.length_filter import ShapedReplayBuffer
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes" / "verl"
+RECIPES = RECIPES_DIR / "verl"
 PENALTY_RECIPE = RECIPES / "grpo_length_penalty_qwen2.5-0.5b.sh"
 COEFF_RECIPE = RECIPES / "grpo_length_coeff_qwen2.5-0.5b.sh"
 

@@ -216,7 +216,9 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return LengthPenaltyParams.model_validate(merged)
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """The YAML document of ``path``; a missing or unreadable file or a syntax error is a ``ValueError`` naming
+    the file (and, for syntax, the line)."""
     try:
         import yaml
     except ImportError as err:
@@ -228,6 +230,8 @@ def _read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except OSError as err:
         raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read {path}: not UTF-8 text") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -245,7 +249,7 @@ def block_mapping(value: Any) -> Any:
                 f"{str(value)!r} is neither a JSON object nor the path of a YAML file; give the block as a "
                 "mapping, a JSON string or a file path"
             )
-        value = _read_yaml(path) or {}
+        value = read_yaml(path) or {}
         if isinstance(value, Mapping) and set(value) == {"length_penalty"}:
             value = value["length_penalty"] or {}
     elif isinstance(value, str):
