@@ -1,0 +1,134 @@
+"""Score centering's host-independent parts (docs/reference/score-centering.md §5): the shared config keys,
+the sampled-token importance weights of each mode, the adaptive-ppo-clip controller, and the extractor for
+listed (rank-less) server logprobs, against hand-computed values and the other extractors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
+from trl_length_plugin.losses.score_centering import sampled_token_weights
+from trl_length_plugin.losses.score_centering_config import ScoreCenteringConfig
+from trl_length_plugin.vllm_capture import (
+    ScoreCenteringCaptureError,
+    extract_listed_score_centering_samples,
+    extract_sampled_token_logprobs,
+    extract_score_centering_samples,
+)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"score_centering": True}, "score_centering_top_k: required"),
+        ({"score_centering_top_k": 8}, "score_centering_top_k: needs score_centering: true"),
+        ({"force_on_policy_ratio": True}, "force_on_policy_ratio: needs score_centering: true"),
+        ({"score_centering": True, "score_centering_top_k": 2.5}, "score_centering_top_k"),
+        ({"score_centering": True, "score_centering_top_k": True}, "score_centering_top_k"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_importance_sampling": "TIS"},
+         "score_centering_importance_sampling"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_importance_sampling": "adaptive-ppo-clip"},
+         "adaptive-ppo-clip needs force_on_policy_ratio"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_adaptive_target": 0.1},
+         "score_centering_adaptive_target: a key of the adaptive-ppo-clip controller"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_importance_sampling": "adaptive-ppo-clip",
+          "force_on_policy_ratio": True, "score_centering_adaptive_target": 1.0}, "score_centering_adaptive_target"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_importance_sampling": "adaptive-ppo-clip",
+          "force_on_policy_ratio": True, "score_centering_adaptive_k_max": -1.0}, "score_centering_adaptive_k_max"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_importance_sampling": "adaptive-ppo-clip",
+          "force_on_policy_ratio": True, "score_centering_adaptive_k_init": 2.0}, "score_centering_adaptive_k_init"),
+        ({"score_centering": True, "score_centering_top_k": 4, "score_centering_importance_sampling": "adaptive-ppo-clip",
+          "force_on_policy_ratio": True, "score_centering_adaptive_k_delta": math.nan}, "score_centering_adaptive_k_delta"),
+    ],
+)  # fmt: skip
+def test_config_rejections_name_the_key(values, message):
+    with pytest.raises(ValidationError, match=message):
+        ScoreCenteringConfig.model_validate(values)
+
+
+def test_sampled_token_weights_by_hand():
+    ratio = torch.tensor([0.2, 0.9, 1.5, 4.0, 12.0])
+    advantages = torch.tensor([-1.0, 1.0, 1.0, -1.0, 1.0])
+    assert sampled_token_weights(ratio, "off").tolist() == [1.0] * 5
+    assert sampled_token_weights(ratio, "is").tolist() == ratio.tolist()
+    assert sampled_token_weights(ratio, "tis", (0.5, 2.0)).tolist() == pytest.approx(
+        [0.5, 0.9, 1.5, 2.0, 2.0]
+    )
+    assert sampled_token_weights(ratio, "icepop", (0.5, 2.0)).tolist() == pytest.approx(
+        [0.0, 0.9, 1.5, 0.0, 0.0]
+    )
+    # adaptive-ppo-clip: lo 0.8, hi + k = 1.3, outer 10: A < 0 keeps r >= lo, A > 0 keeps r <= hi + k, all r <= o
+    kept = sampled_token_weights(ratio, "adaptive-ppo-clip", (0.8, 1.3), advantages, 10.0)
+    assert kept.tolist() == pytest.approx([0.0, 0.9, 0.0, 4.0, 0.0])
+
+
+def test_controller_steps_k_once_per_optimizer_step_within_its_bounds():
+    controller = AdaptiveClipController(k=0.0, target=0.25, delta=0.1, k_min=0.0, k_max=0.15)
+    ratio = torch.tensor([[1.0, 1.5, 2.5, 0.5]])
+    advantages = torch.tensor([[1.0, 1.0, 1.0, -1.0]])
+    counts = controller.counts(ratio, advantages, torch.ones(1, 4), upper=1.2)
+    assert counts.tolist() == [2.0, 3.0]  # of the three A > 0 tokens, 1.5 and 2.5 exceed 1.2
+    controller.accumulate(counts)
+    controller.accumulate(torch.tensor([0.0, 1.0]))
+    assert controller.step() == pytest.approx(0.5) and controller.k == pytest.approx(0.1)  # 0.5 > 0.25: up
+    controller.accumulate(torch.tensor([3.0, 3.0]))
+    controller.step()
+    assert controller.k == pytest.approx(0.15)  # clamped at k_max
+    controller.accumulate(torch.tensor([0.0, 4.0]))
+    assert controller.step() == 0.0 and controller.k == pytest.approx(0.05)  # below target: down
+    state = controller.state_dict()
+    other = AdaptiveClipController(k=0.0, target=0.25, delta=0.1, k_min=0.0, k_max=0.15)
+    other.load_state_dict(state)
+    assert other == controller
+    assert controller.step() == 0.0  # a step without positive tokens counts as below target
+
+
+class Entry:
+    def __init__(self, logprob, rank):
+        self.logprob, self.rank = logprob, rank
+
+
+class Output:
+    def __init__(self, token_ids, logprobs):
+        self.token_ids, self.logprobs = token_ids, logprobs
+
+
+def test_listed_extractor_equals_the_ranked_extractor():
+    """The same positions as a completions response lists them (sampled token included, deduplicated, by
+    descending logprob, no ranks) give the ranked extractor's head and the sampled token's logprob by id."""
+    positions = [
+        {3: Entry(-0.2, 1), 7: Entry(-2.5, 2), 9: Entry(-3.0, 3)},  # sampled 3 is in the head: K entries
+        {5: Entry(-0.3, 1), 4: Entry(-1.6, 2), 8: Entry(-2.9, 3), 2: Entry(-4.0, 7)},  # sampled 2 outside
+    ]
+    sampled = [3, 2]
+    ranked = Output(sampled, positions)
+    ids, logprobs = extract_score_centering_samples(ranked, 3)
+    listed = [sorted(p.items(), key=lambda item: -item[1].logprob) for p in positions]
+    head_ids, head_logprobs, own = extract_listed_score_centering_samples(
+        sampled, [[e.logprob for _, e in p] for p in listed], [[i for i, _ in p] for p in listed], 3
+    )
+    assert torch.equal(head_ids, ids) and torch.equal(head_logprobs, logprobs)
+    assert torch.equal(own, extract_sampled_token_logprobs(ranked)) and own.tolist() == pytest.approx(
+        [-0.2, -4.0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("sampled", "logprobs", "token_ids", "check"),
+    [
+        ([3], [[-0.1]], [[3]], "candidate_count"),
+        ([3], [[-0.1, -1.0, -2.0]], [[5, 4, 6]], "sampled_token"),
+        ([3], [[-0.1, -1.0, -2.0]], [[3, 4, 4]], "unique_ids"),
+        ([3], [[-0.1, 0.5, -2.0]], [[3, 4, 6]], "logprob_max"),
+        ([3, 4], [[-0.1, -1.0, -2.0]], [[3, 4, 6]], "generated_token_count"),
+    ],
+)
+def test_listed_extractor_checks(sampled, logprobs, token_ids, check):
+    with pytest.raises(ScoreCenteringCaptureError) as info:
+        extract_listed_score_centering_samples(sampled, logprobs, token_ids, 2)
+    assert info.value.check == check
+    assert "of completion 5" in str(info.value.of_completion(5))
