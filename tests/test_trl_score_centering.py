@@ -21,43 +21,14 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tests.trl_length_helpers import tiny_config
+from tests.trl_length_helpers import MODES, PLAIN_VLLM, K, sc_config, tiny_config
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.losses.score_centering import compute_score_centering_term
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
 from trl_length_plugin.trl_integration.loss_aggregation import LOSS_TYPES, aggregate
 from trl_length_plugin.vllm_capture import extract_flat_score_centering_samples
 
-K = 16
-ENGINE = {"dtype": "float32", "enforce_eager": True}
-MODES = {  # score_centering_importance_sampling -> TRL's importance-sampling keys
-    "off": dict(vllm_importance_sampling_correction=False),
-    "is": dict(vllm_importance_sampling_mode="token_truncate", score_centering_importance_sampling="is"),
-    "tis": dict(vllm_importance_sampling_mode="token_truncate"),
-    "icepop": dict(vllm_importance_sampling_mode="token_mask"),
-    "adaptive-ppo-clip": dict(
-        vllm_importance_sampling_mode="token_truncate",
-        score_centering_importance_sampling="adaptive-ppo-clip",
-        force_on_policy_ratio=True,
-    ),
-}
 MISSING_MODEL = "/nonexistent/model"
-#: the same engine and importance sampling, without score centering
-PLAIN_VLLM = dict(use_vllm=True, vllm_mode="colocate", vllm_engine_kwargs=ENGINE, vllm_max_model_length=160,
-                  vllm_importance_sampling_mode="token_truncate")  # fmt: skip
-
-
-def sc_config(output_dir, mode="tis", **overrides):
-    settings = dict(
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_engine_kwargs=ENGINE,
-        vllm_max_model_length=160,
-        score_centering=True,
-        score_centering_top_k=K,
-        learning_rate=1e-3,
-    )
-    return tiny_config(output_dir, **{**settings, **MODES[mode], **overrides})
 
 
 # -- setup checks, at load time ------------------------------------------------------------------------------

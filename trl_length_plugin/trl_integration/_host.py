@@ -38,7 +38,9 @@ OVERRIDDEN_METHODS = {
     "_load_optimizer_and_scheduler": ("self", "checkpoint"),
 }  # fmt: skip
 #: what score centering reads of TRL's vLLM generation, its fused head and its helpers
-VLLM_GENERATION_ATTRIBUTES = ("mode", "llm", "logprobs", "generation_kwargs", "tensor_parallel_size")
+VLLM_GENERATION_ATTRIBUTES = ("mode", "logprobs", "generation_kwargs", "tensor_parallel_size")
+#: what each mode adds: the colocated engine on every process, or the server's client on the main one
+VLLM_MODE_ATTRIBUTES = {"colocate": ("llm",), "server": ("vllm_client",)}
 VLLM_GENERATE = ("self", "prompts", "images", "num_generations", "profiler")
 TRL_HELPERS = ("FusedCausalLMOutput", "maybe_gather_lm_head_ctx", "pad", "add_fused_lm_head")
 #: vLLM's CPU GEMM dispatch the colocated CPU engine is made to skip, and the flat logprobs it is given
@@ -138,6 +140,9 @@ def check_score_centering_host(trainer) -> None:
 
     generation = getattr(trainer, "vllm_generation", None)
     missing = [name for name in VLLM_GENERATION_ATTRIBUTES if not hasattr(generation, name)]
+    mode = getattr(generation, "mode", None)
+    if mode == "colocate" or trainer.accelerator.is_main_process:
+        missing += [name for name in VLLM_MODE_ATTRIBUTES.get(mode, ()) if not hasattr(generation, name)]
     missing += [f"trl.trainer.utils.{name}" for name in TRL_HELPERS if not hasattr(utils, name)]
     if missing:
         raise TRLHostError(f"score centering reads {missing}, which this TRL lacks")
