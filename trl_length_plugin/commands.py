@@ -1,6 +1,7 @@
 """``trl-length``: the plugin's command line, one subcommand per tool (like TRL's ``trl grpo|sft|...``).
 
 - ``trl-length grpo``: GRPO from a recipe with the plugin's trainer (``trl-length-grpo`` is the same).
+- ``trl-length profile``: per-prompt profiles and bands from a reference model's rollouts.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -14,6 +15,10 @@ import sys
 #: subcommand -> (module with ``main(argv)``, one-line help)
 SUBCOMMANDS = {
     "grpo": ("trl_length_plugin.cli", "GRPO from a YAML recipe plus flags, with the plugin's trainer"),
+    "profile": ("trl_length_plugin.offline.profile_cli", "per-prompt profiles and bands from rollouts"),
+        "trl_length_plugin.offline.preview_cli",
+        "what a length-shaping config does to saved rollouts",
+    ),
 }
 
 
