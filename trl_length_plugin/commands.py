@@ -2,6 +2,7 @@
 
 - ``trl-length grpo``: GRPO from a recipe with the plugin's trainer (``trl-length-grpo`` is the same).
 - ``trl-length profile``: per-prompt profiles and bands from a reference model's rollouts.
+- ``trl-length preview``: what a length-shaping config does to saved rollouts.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -16,6 +17,7 @@ import sys
 SUBCOMMANDS = {
     "grpo": ("trl_length_plugin.cli", "GRPO from a YAML recipe plus flags, with the plugin's trainer"),
     "profile": ("trl_length_plugin.offline.profile_cli", "per-prompt profiles and bands from rollouts"),
+    "preview": (
         "trl_length_plugin.offline.preview_cli",
         "what a length-shaping config does to saved rollouts",
     ),
