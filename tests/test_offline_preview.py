@@ -240,3 +240,72 @@ def test_normalization_is_the_trainers():
 
     for scale_rewards in ("group", "batch", "none"):
         assert trl_normalization(scale_rewards) == trainer_normalization(scale_rewards)
+
+
+@pytest.mark.slow
+def test_preview_equals_the_trl_trainer(random_model_dir, tmp_path, capsys):
+    """One real ``LengthPluginGRPOTrainer`` step (deterministic ``rollout_func``), its rollouts saved in the
+    rollout format: ``preview`` gives the trainer's shaped rewards (correctness + its ``length_penalty``
+    column) and its advantages."""
+    from tests.trl_length_helpers import RecordingTrainer, deterministic_rollout, tiny_config
+    from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
+
+    tokenizer = load_tokenizer(random_model_dir)
+    block = {
+        "default": {
+            "group_total_length_penalty_coeff": 0.2,
+            "group_length_penalty_profile_gate": True,
+            "profile_band_total": True,
+            "total_bonus": 0.05,
+            "profiled_length_penalty": 0.1,
+            "profiled_length_n_std": 0.0,
+        }
+    }
+    dataset = make_task_dataset(16)
+    n = len(dataset)
+    dataset = dataset.add_column("prompt_id", list(range(n)))
+    dataset = dataset.add_column(
+        "profile_band", [{"total": {"a": 12.0 + 4 * (i % 4), "b": 40.0, "f": 0.5}} for i in range(n)]
+    )
+    dataset = dataset.add_column("profiled_rewards", [[1, 0, 1, 1]] * n)
+    dataset = dataset.add_column("profiled_output_lengths", [[14, 30, 18 + i % 5, 22] for i in range(n)])
+    args = tiny_config(
+        tmp_path / "run", length_penalty=block, length_penalty_coeff=0.5, per_device_train_batch_size=16
+    )
+    trainer = RecordingTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[correctness_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4),
+    )
+    trainer.train()
+    (record,) = trainer.records
+    raw = record.rewards_per_func[:, 0].double()
+    rollouts = tmp_path / "trl_rollouts.jsonl"
+    with rollouts.open("w") as sink:
+        for i, (inputs, completion, ids) in enumerate(
+            zip(record.inputs, record.completions, record.completion_ids, strict=True)
+        ):
+            row = {"group": i // 4, "prompt_id": inputs["prompt_id"], "completion": completion}
+            sink.write(json.dumps({**row, "reward": float(raw[i]), "completion_tokens": len(ids)}) + "\n")
+    dataset.save_to_disk(str(tmp_path / "prompts"))
+    out = tmp_path / "shaped.jsonl"
+    status, stdout, _ = preview(
+        capsys, rollouts, "--length_penalty", json.dumps(block), "--length_penalty_coeff", "0.5",
+        "--prompts", tmp_path / "prompts", "--tokenizer", "embedded", "--output", out, "--png", tmp_path / "p.png",
+    )  # fmt: skip
+    assert status == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    shaped = torch.tensor([row["shaped_reward"] for row in written], dtype=torch.float64)
+    trl_shaped = raw + record.rewards_per_func[:, 1].double()
+    assert not torch.equal(shaped, raw)
+    torch.testing.assert_close(shaped, trl_shaped, rtol=0, atol=1e-6)
+    advantages = torch.tensor([row["advantage"] for row in written], dtype=torch.float64)
+    torch.testing.assert_close(advantages, record.output["advantages"].double(), rtol=0, atol=1e-5)
+    logged = trainer.state.log_history[0]
+    print(stdout)
+    assert (
+        f"    {'length_penalty/adjusted_frac':<46} {logged['length_penalty/adjusted_frac']:.6g}\n" in stdout
+    )
