@@ -28,10 +28,13 @@ def fail(prog: str, message: str):
 
 
 def run(prog: str, body: Callable[[], None]) -> None:
-    """Run ``body``; a ``CommandError``, a config error or an unreadable file ends it with one line."""
+    """Run ``body``; a ``CommandError``, a config error or a file that cannot be read or written ends it
+    with one line."""
     try:
         body()
     except (CommandError, LengthConfigError) as err:
         fail(prog, str(err))
     except OSError as err:
-        fail(prog, f"{err.filename}: {err.strerror or err}" if err.filename else str(err))
+        if not err.filename:
+            raise
+        fail(prog, f"{err.filename}: {err.strerror or err}")

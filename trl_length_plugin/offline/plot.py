@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from trl_length_plugin._optional import require
@@ -28,7 +29,8 @@ def plot_preview(
     x = lengths.double().numpy()
     before, after = raw.nan_to_num(0.0).numpy(), shaped.nan_to_num(0.0).numpy()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    bins = min(40, max(1, len(set(x.tolist()))))
+    low, high = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    bins = np.histogram_bin_edges(x, bins=min(40, int(high - low) + 1), range=(low - 0.5, high + 0.5))
     left.hist(
         x, bins=bins, weights=before, histtype="step", linewidth=1.5, label="before: correctness reward"
     )
