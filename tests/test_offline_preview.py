@@ -230,7 +230,8 @@ def test_misspelled_recipe_key_and_the_console_command(tmp_path):
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr == (
-        f"trl-length preview: error: {path}: unknown key 'length_penalty_cof'; did you mean 'length_penalty_coeff'?\n"
+        f"trl-length preview: error: {path}: unknown key 'length_penalty_cof'; "
+        "did you mean 'length_penalty_coeff'?\n"
     )
 
 
@@ -294,7 +295,8 @@ def test_preview_equals_the_trl_trainer(random_model_dir, tmp_path, capsys):
     out = tmp_path / "shaped.jsonl"
     status, stdout, _ = preview(
         capsys, rollouts, "--length_penalty", json.dumps(block), "--length_penalty_coeff", "0.5",
-        "--prompts", tmp_path / "prompts", "--tokenizer", "embedded", "--output", out, "--png", tmp_path / "p.png",
+        "--prompts", tmp_path / "prompts", "--tokenizer", "embedded",
+        "--output", out, "--png", tmp_path / "p.png",
     )  # fmt: skip
     assert status == 0
     written = [json.loads(line) for line in out.read_text().splitlines()]

@@ -18,13 +18,15 @@ from trl_length_plugin.shaping import measure_lengths
 
 ROWS = [
     # prompt 0: totals 10, 20, 40 (wrong), 30, 50; answers all 2
-    {"prompt_id": 0, "prompt": "What is 2 + 3?", "answer": "5", "reasoning_tokens": 8, "answer_tokens": 2, "reward": 1},
+    {"prompt_id": 0, "prompt": "What is 2 + 3?", "answer": "5",
+     "reasoning_tokens": 8, "answer_tokens": 2, "reward": 1},
     {"prompt_id": 0, "reasoning_tokens": 18, "answer_tokens": 2, "reward": 1},
     {"prompt_id": 0, "reasoning_tokens": 38, "answer_tokens": 2, "reward": 0},
     {"prompt_id": 0, "reasoning_tokens": 28, "answer_tokens": 2, "reward": 1},
     {"prompt_id": 0, "reasoning_tokens": 48, "answer_tokens": 2, "reward": 1},
     # prompt 1: two passing rollouts only
-    {"prompt_id": 1, "prompt": "What is 7 - 4?", "answer": "3", "reasoning_tokens": 5, "answer_tokens": 1, "reward": 1},
+    {"prompt_id": 1, "prompt": "What is 7 - 4?", "answer": "3",
+     "reasoning_tokens": 5, "answer_tokens": 1, "reward": 1},
     {"prompt_id": 1, "reasoning_tokens": 9, "answer_tokens": 1, "reward": 0},
     {"prompt_id": 1, "reasoning_tokens": 7, "answer_tokens": 3, "reward": 1},
     # a prompt keyed by its text: totals 11, 23, 35, answers 1, 3, 5
@@ -112,8 +114,8 @@ def test_hand_made_rollouts_give_hand_computed_profiles_and_bands(kind, tmp_path
     ]
     assert "11 rows read" in stdout and "11 rollouts of 3 prompts profiled, lengths in tokens" in stdout
     assert (
-        "band total: a = q0.5, b = q0.9, f = 0.8 (at least 3 passing): 2 prompts; none for 1 (fewer than 3 passing: 1)"
-        in stdout
+        "band total: a = q0.5, b = q0.9, f = 0.8 (at least 3 passing): 2 prompts; "
+        "none for 1 (fewer than 3 passing: 1)" in stdout
     )
     assert "band answer: a = q0.25, b = q0.75, f = 0.9 (at least 3 passing): 1 prompts; none for 2" in stdout
     assert "b <= a (passing lengths too close): 1" in stdout
@@ -125,7 +127,7 @@ def test_hand_made_rollouts_give_hand_computed_profiles_and_bands(kind, tmp_path
 
 
 def test_min_passing_and_no_bands(tmp_path, capsys):
-    """With ``--min-passing 5`` no prompt has enough passing rollouts; ``--band none`` writes profiles only."""
+    """With ``--min-passing 5`` no prompt has enough passing rollouts; ``--band none`` writes no band."""
     rollouts = write_rollouts(tmp_path, "jsonl")
     for flags, bands in ((["--min-passing", "5"], 0), (["--band", "none"], 0), (["--min-passing", "4"], 1)):
         out = tmp_path / "profiled.jsonl"

@@ -109,7 +109,8 @@ def test_generate_with_vllm(tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     rollouts = tmp_path / "rollouts.jsonl"
     status, stdout, err = profile(
-        capfd, rollouts, "--generate", "vllm", "--model", "embedded", "--samples", "4", "--prompts", "embedded",
+        capfd, rollouts, "--generate", "vllm", "--model", "embedded", "--samples", "4",
+        "--prompts", "embedded",
         "--dataset-size", "8", "--output", tmp_path / "prompts.jsonl", "--min-passing", "1",
     )  # fmt: skip
     assert status == 0, err[-3000:]

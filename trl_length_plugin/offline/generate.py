@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from trl_length_plugin.offline.command import CommandError
-from trl_length_plugin.offline.tables import EMBEDDED
+from trl_length_plugin.offline.tables import EMBEDDED, columns
 
 EMBEDDED_REWARD = "trl_length_plugin.embedded.correctness_reward"
 BATCH_PROMPTS = 32
 
 
 def import_dotted(path: str) -> Callable:
-    """``pkg.module.func`` -> the function; the working directory is importable (as in ``trl-length grpo``)."""
+    """``pkg.module.func`` -> the function; the working directory is importable (as in trl-length grpo)."""
     module_name, _, attr = path.rpartition(".")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -129,7 +129,7 @@ def generate_rollouts(
         sample = vllm_sampler(model_path, max_new_tokens, temperature, seed)
     else:
         sample = transformers_sampler(model_path, tokenizer, max_new_tokens, temperature, seed)
-    keys = prompts["prompt_id"] if "prompt_id" in prompts.column_names else list(range(len(prompts)))
+    keys = columns(prompts, ("prompt_id",)).get("prompt_id", range(len(prompts)))
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = 0
     with (
@@ -138,19 +138,19 @@ def generate_rollouts(
     ):
         for start in range(0, len(prompts), BATCH_PROMPTS):
             batch = prompts[start : start + BATCH_PROMPTS]
-            columns = {name: [v for v in values for _ in range(samples)] for name, values in batch.items()}
+            repeated = {name: [v for v in values for _ in range(samples)] for name, values in batch.items()}
             per_prompt = sample([prompt_ids(tokenizer, p) for p in batch["prompt"]], samples)
             completion_ids = [ids for group in per_prompt for ids in group]
             texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completion_ids]
             trl_completions = [
                 [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
-                for text, prompt in zip(texts, columns["prompt"], strict=True)
+                for text, prompt in zip(texts, repeated["prompt"], strict=True)
             ]
             rewards = reward_func(
-                prompts=columns.pop("prompt"),
+                prompts=repeated.pop("prompt"),
                 completions=trl_completions,
                 completion_ids=completion_ids,
-                **columns,
+                **repeated,
             )
             for i, (text, reward, tokens) in enumerate(zip(texts, rewards, completion_ids, strict=True)):
                 row = {"prompt_id": keys[start + i // samples], "completion": text, "reward": reward}

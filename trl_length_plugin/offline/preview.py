@@ -1,9 +1,9 @@
-"""One training step's shaping on saved rollouts, and what it did (docs/profiles.md, "Preview").
+"""One training step's shaping on saved rollouts, and what it did (docs/profiles.md, ``trl-length preview``).
 
 Rows become one ``RolloutBatch`` (groups: the ``group`` column, else the prompt key), shaped by the core's
 ``shape_rollouts`` exactly as the TRL trainer shapes its gathered batch, with TRL's normalization for
-``scale_rewards``. Per-group facts come from the verbose records (docs/reference/length-penalties.md
-§2.15), which the preview always builds.
+``scale_rewards``. Per-group facts come from the engine's verbose outputs (the data of the verbose records
+of docs/reference/length-penalties.md §2.15): the preview always switches ``verbose`` on.
 
 Memory: per rollout its reward, three lengths, group, agent and a reference to its prompt's metadata;
 completions are measured chunk by chunk and not held.
@@ -21,14 +21,15 @@ from typing import Any
 import torch
 
 from trl_length_plugin.offline.rollouts import Rollout, RolloutReader, channel_lengths
+from trl_length_plugin.offline.tables import METADATA_COLUMNS, columns
 from trl_length_plugin.shaping import GroupNormalization, LengthShapingConfig, RolloutBatch, shape_rollouts
 from trl_length_plugin.shaping.config import DEFAULT_AGENT
 from trl_length_plugin.shaping.correctness import classify_groups
 from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.normalization import group_advantages
 from trl_length_plugin.shaping.pipeline import ShapingResult
+from trl_length_plugin.shaping.terms.profile_gate import GATE_REASONS
 
-METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
 TRL_STD_EPS = 1e-4  # GRPOTrainer's advantage epsilon
 DELTA_QUANTILES = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
 
@@ -43,8 +44,8 @@ def trl_normalization(scale_rewards: str) -> GroupNormalization:
     )
 
 
-def with_records(config: LengthShapingConfig) -> LengthShapingConfig:
-    """``config`` with ``verbose`` on, so the engine builds its per-group records (numbers unchanged)."""
+def with_verbose(config: LengthShapingConfig) -> LengthShapingConfig:
+    """``config`` with ``verbose`` on, so the engine keeps its per-term outputs (numbers unchanged)."""
     block = config.length_penalty
     if block is None or block.verbose:
         return config
@@ -60,9 +61,8 @@ class PromptTable:
             for key in pair:
                 if key is not None:
                     self.index.setdefault(key, row)
-        present = [name for name in METADATA_COLUMNS if name in dataset.column_names]
-        self.columns = {name: dataset[name] for name in present}
-        self.agents = dataset[agent_column] if agent_column in dataset.column_names else None
+        self.columns = columns(dataset, METADATA_COLUMNS)
+        self.agents = columns(dataset, (agent_column,)).get(agent_column)
 
     def metadata(self, row: int) -> dict[str, Any] | None:
         entry = {name: values[row] for name, values in self.columns.items() if values[row] is not None}
@@ -84,15 +84,18 @@ class PreviewRows:
     group_ids: dict[str, int] = field(default_factory=dict)
 
 
-def _agent_and_metadata(rollout: Rollout, prompts: PromptTable | None, agent_column: str):
-    if prompts is None:
-        entry = {name: rollout.row[name] for name in METADATA_COLUMNS if rollout.row.get(name) is not None}
-        return rollout.row.get(agent_column), entry or None
-    row = prompts.index[rollout.key]
+def _agent(rollout: Rollout, prompts: PromptTable | None, agent_column: str) -> Any:
     agent = rollout.row.get(agent_column)
-    if agent is None and prompts.agents is not None:
-        agent = prompts.agents[row]
-    return agent, prompts.metadata(row)
+    if agent is None and prompts is not None and prompts.agents is not None:
+        agent = prompts.agents[prompts.index[rollout.key]]
+    return agent
+
+
+def _metadata(rollout: Rollout, prompts: PromptTable | None) -> dict[str, Any] | None:
+    if prompts is not None:
+        return prompts.metadata(prompts.index[rollout.key])
+    entry = {name: rollout.row[name] for name in METADATA_COLUMNS if rollout.row.get(name) is not None}
+    return entry or None
 
 
 def read_rows(
@@ -104,7 +107,8 @@ def read_rows(
 ) -> PreviewRows:
     """Stream the rollouts into ``PreviewRows``; skipped rows are counted on ``reader``."""
     rows, block = PreviewRows(), config.penalties
-    metadata_cache: dict[str, Any] = {}  # one metadata object per prompt, shared by its rows
+    metadata: dict[str, Any] = {}  # one entry per prompt (its first row's), shared by its rows
+    units: dict[Any, str] = {}  # per agent
     for chunk in reader.chunks():
         kept = []
         for rollout in chunk:
@@ -113,15 +117,20 @@ def read_rows(
             elif config.coefficient_on and rollout.completion_tokens is None:
                 reader.skip(rollout.where, "no completion_tokens (the length coefficient needs them)")
             else:
-                kept.append((rollout, *_agent_and_metadata(rollout, prompts, agent_column)))
+                kept.append((rollout, _agent(rollout, prompts, agent_column)))
+                if rollout.key not in metadata:
+                    metadata[rollout.key] = _metadata(rollout, prompts)
         if block is not None:
-            units = block.length_types([agent for _, agent, _ in kept])
+            for _, agent in kept:
+                if agent not in units:
+                    units[agent] = block.for_agent(agent).length_type
+            chunk_units = [units[agent] for _, agent in kept]
             lengths = channel_lengths(
-                [r for r, _, _ in kept], units, tokenizer, config.tags, reader.source.unit
+                [r for r, _ in kept], chunk_units, tokenizer, config.tags, reader.source.unit
             )
         else:
             lengths = [(0, 0)] * len(kept)
-        for (rollout, agent, metadata), pair in zip(kept, lengths, strict=True):
+        for (rollout, agent), pair in zip(kept, lengths, strict=True):
             if isinstance(pair, str):
                 reader.skip(rollout.where, pair)
                 continue
@@ -134,7 +143,7 @@ def read_rows(
             rows.groups.append(rows.group_ids.setdefault(group, len(rows.group_ids)))
             rows.lines.append(rollout.where)
             rows.agents.append(agent)
-            rows.metadata.append(metadata_cache.setdefault(rollout.key, metadata))
+            rows.metadata.append(metadata[rollout.key])
     return rows
 
 
@@ -151,7 +160,7 @@ def shape(rows: PreviewRows, config: LengthShapingConfig, normalization: GroupNo
         metadata=rows.metadata if block is not None and block.uses_metadata else None,
         loss_lengths=torch.frombuffer(rows.loss, dtype=torch.float64) if config.coefficient_on else None,
     )
-    result = shape_rollouts(batch, with_records(config), normalization, step=step)
+    result = shape_rollouts(batch, with_verbose(config), normalization, step=step)
     advantages = result.advantages
     if advantages is None:
         plain = torch.ones(batch.layout.num_rows, dtype=torch.bool)
@@ -172,32 +181,51 @@ class GroupFacts:
     dropped: list[bool]
 
 
-def group_facts(batch: RolloutBatch, result: ShapingResult) -> GroupFacts:
+def _groups_where(layout, rows: torch.Tensor) -> list[int]:
+    """The groups holding at least one of the flagged rows."""
+    return torch.unique(layout.gid[rows]).tolist()
+
+
+def group_facts(batch: RolloutBatch, result: ShapingResult, config: LengthShapingConfig) -> GroupFacts:
+    """What happened to each group, from the engine's verbose outputs (``LengthPenaltyResult.outputs``),
+    with the verbose records' rules (``shaping.records``): status, terms and bands that changed a row, the
+    gate of shaped groups whose agent has it on."""
     layout = batch.layout
     groups = layout.num_groups
     agents = [
         DEFAULT_AGENT if a is None else str(a) for a in batch.group_rows(batch.agents) or [None] * groups
     ]
+    block = config.penalties
+    params = {agent: block.for_agent(agent) for agent in set(agents)} if block is not None else {}
     kinds = classify_groups(layout, result.raw)
-    status = [
-        "missing" if missing else "non_binary" if non_binary else "shaped"
-        for missing, non_binary in zip(kinds.missing.tolist(), kinds.non_binary.tolist(), strict=True)
-    ]
+    status = []
+    for agent, missing, non_binary in zip(
+        agents, kinds.missing.tolist(), kinds.non_binary.tolist(), strict=True
+    ):
+        disabled = block is not None and not params[agent].enabled
+        status.append(
+            "disabled" if disabled else "missing" if missing else "non_binary" if non_binary else "shaped"
+        )
     touched: list[set[str]] = [set() for _ in range(groups)]
     gates: list[tuple[bool, str] | None] = [None] * groups
-    if result.penalties is not None:
-        for g, record in enumerate(result.penalties.groups):
-            status[g] = record.status
-            touched[g].update(name for name, values in record.terms.items() if any(values))
-            touched[g].update(f"band_{name}" for name, m in record.band_multipliers.items() if min(m) != 1)
-            if record.gate is not None:
-                gates[g] = (record.gate["open"], record.gate["reason"])
+    outputs = result.penalties.outputs if result.penalties is not None else {}
+    for key, values in outputs.items():
+        kind, _, name = key.partition(":")
+        if kind in ("term", "band"):
+            label = name if kind == "term" else f"band_{name}"
+            for g in _groups_where(layout, values != (0 if kind == "term" else 1)):
+                touched[g].add(label)
+    if outputs:
+        opened, reasons = outputs["group:gate_open"].tolist(), outputs["group:gate_reason"].tolist()
+        for g, agent in enumerate(agents):
+            if status[g] == "shaped" and params[agent].group_length_penalty_profile_gate:
+                gates[g] = (opened[g], GATE_REASONS[reasons[g]])
     if result.coefficient is not None:
-        for g in set(layout.gid[result.coefficient.multipliers < 1].tolist()):
+        for g in _groups_where(layout, result.coefficient.multipliers < 1):
             touched[g].add("coefficient")
     dropped = [False] * groups
     if result.keep is not None:
-        for g in set(layout.gid[~result.keep].tolist()):
+        for g in _groups_where(layout, ~result.keep):
             dropped[g] = True
     return GroupFacts(agents, status, touched, gates, dropped)
 

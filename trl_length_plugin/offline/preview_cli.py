@@ -150,7 +150,7 @@ def preview(args) -> None:
     reader.check_some_valid(len(rows.rewards))
     step = config.length_penalty_coeff_warmup_steps if args.step is None else args.step
     batch, result, advantages = core.shape(rows, config, core.trl_normalization(scale_rewards), step)
-    facts = core.group_facts(batch, result)
+    facts = core.group_facts(batch, result, config)
     print(
         f"{PROG}: {reader.rows_read} rows read from {args.rollouts}: {batch.layout.num_rows} rollouts in "
         f"{batch.layout.num_groups} groups; rows skipped: {reader.skipped_summary()}"

@@ -16,16 +16,16 @@ from trl_length_plugin.offline.profiles import DEFAULT_RULE, BandRule, ProfileBu
 from trl_length_plugin.offline.rollouts import ROLLOUT_COLUMNS, RolloutReader, channel_lengths
 from trl_length_plugin.offline.tables import (
     EMBEDDED,
+    METADATA_COLUMNS,
     OUTPUT_FORMATS,
     check_output,
     load_prompts,
     prompt_keys,
     resolve_tokenizer,
 )
-from trl_length_plugin.shaping.config import DEFAULT_REASONING_TAGS
+from trl_length_plugin.shaping.config import DEFAULT_REASONING_TAGS, load_shaping_config
 
 PROG = "trl-length profile"
-METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
 
 
 def make_parser() -> Parser:
@@ -128,7 +128,7 @@ def read_profiles(args, tokenizer, allowed: set[str] | None):
     prompt-level columns (those of its first rollout)."""
     reader = RolloutReader(args.rollouts, PROG)
     builder, carried = ProfileBuilder(), {}
-    tags = tuple(args.reasoning_tags)
+    tags = load_shaping_config({"reasoning_tags": args.reasoning_tags}).tags  # validated as the trainer's
     for chunk in reader.chunks():
         kept = []
         for rollout in chunk:
@@ -153,27 +153,26 @@ def read_profiles(args, tokenizer, allowed: set[str] | None):
 
 
 def output_dataset(profiles: Profiles, prompts, carried: dict):
-    """The prompt dataset with the three columns (null where a prompt has no rollout)."""
+    """The prompt dataset with the three columns (null where no rollout names a prompt), and how many of
+    its rows have a profile and a band."""
     import datasets
 
-    index = {key: i for i, key in enumerate(profiles.keys)}
     if prompts is None:
-        return datasets.Dataset.from_list(
-            [{**carried[key], **profiles.metadata(index[key])} for key in profiles.keys]
-        )
-    columns = {name: [] for name in METADATA_COLUMNS}
-    for id_key, text_key in prompt_keys(prompts):
-        i = index.get(id_key, index.get(text_key))
-        metadata = profiles.metadata(i) if i is not None else dict.fromkeys(METADATA_COLUMNS)
-        for name in METADATA_COLUMNS:
-            columns[name].append(metadata[name])
-    dataset = prompts.remove_columns([name for name in METADATA_COLUMNS if name in prompts.column_names])
-    for name in METADATA_COLUMNS:
-        dataset = dataset.add_column(name, columns[name])
-    return dataset
+        rows = list(range(len(profiles.keys)))
+        names = dict.fromkeys(name for key in profiles.keys for name in carried[key])
+        columns = {name: [carried[key].get(name) for key in profiles.keys] for name in names}
+        dataset = datasets.Dataset.from_dict({**columns, **profiles.columns(rows)})
+    else:
+        index = {key: i for i, key in enumerate(profiles.keys)}
+        rows = [index.get(id_key, index.get(text_key)) for id_key, text_key in prompt_keys(prompts)]
+        dataset = prompts.remove_columns([name for name in METADATA_COLUMNS if name in prompts.column_names])
+        for name, column in profiles.columns(rows).items():
+            dataset = dataset.add_column(name, column)
+    profiled = [i for i in rows if i is not None]
+    return dataset, len(profiled), sum(profiles.bands[i] is not None for i in profiled)
 
 
-def summary(args, reader, builder, profiles: Profiles, rules, dataset) -> str:
+def summary(args, reader, builder, profiles: Profiles, rules, written: tuple) -> str:
     lines = [
         f"{PROG}: {reader.rows_read} rows read from {args.rollouts}: {len(builder)} rollouts of "
         f"{len(profiles.keys)} prompts profiled, lengths in {args.length_type}"
@@ -187,8 +186,7 @@ def summary(args, reader, builder, profiles: Profiles, rules, dataset) -> str:
             + (f"; none for {without} ({why})" if without else "")
         )
     lines.append(f"  rows skipped: {reader.skipped_summary()}")
-    profiled = sum(value is not None for value in dataset["profiled_rewards"])
-    banded = sum(value is not None for value in dataset["profile_band"])
+    dataset, profiled, banded = written
     lines.append(
         f"  wrote {len(dataset)} prompts to {args.output}: {profiled} with a profile, {banded} with a band"
     )
@@ -212,9 +210,9 @@ def profile(args) -> None:
     allowed = None if prompts is None else {key for pair in prompt_keys(prompts) for key in pair if key}
     reader, builder, carried = read_profiles(args, tokenizer, allowed)
     profiles = builder.build(rules, args.min_passing)
-    dataset = output_dataset(profiles, prompts, carried)
-    write_dataset(dataset, output)
-    print(summary(args, reader, builder, profiles, rules, dataset))
+    written = output_dataset(profiles, prompts, carried)
+    write_dataset(written[0], output)
+    print(summary(args, reader, builder, profiles, rules, written))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,5 @@
-"""Per-prompt profiles and bands from reference rollouts (docs/profiles.md, "Band rules"): the three
-metadata fields of docs/reference/length-penalties.md §2.14.
+"""Per-prompt profiles and bands from reference rollouts (docs/profiles.md, ``trl-length profile``): the
+three metadata fields of docs/reference/length-penalties.md §2.14.
 
 - ``profiled_rewards``: every rollout's correctness reward, in file order;
 - ``profiled_output_lengths``: every rollout's total length (reasoning + answer, §2.5), same order;
@@ -9,8 +9,9 @@ metadata fields of docs/reference/length-penalties.md §2.14.
   between order statistics (position ``(n - 1) * q`` of the sorted lengths, numpy's default). A band with
   ``b <= a`` (the lengths too close) is not written.
 
-Memory: 32 bytes per rollout (prompt index, reward, reasoning and answer length) plus the prompt keys;
-no completion is held.
+Memory: 32 bytes per rollout (prompt index, reward, reasoning and answer length) plus the prompt keys
+while reading, then about as much again for the sorted copies and the Arrow columns written; no completion
+and no Python object per rollout is held.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from trl_length_plugin.shaping.config import BAND_CHANNELS
 
@@ -65,22 +67,24 @@ def _quantiles(values: np.ndarray, starts: np.ndarray, counts: np.ndarray, q: fl
 
 @dataclass
 class Profiles:
-    """The finished metadata per prompt, in first-seen order of ``keys``; ``bands`` counts prompts with a
-    band per channel, ``no_band`` the reasons per channel for the others."""
+    """The finished metadata per prompt, in first-seen order of ``keys``: the two profile lists as Arrow
+    list arrays (no Python object per rollout), the bands; ``with_band`` counts prompts with a band per
+    channel, ``no_band`` the reasons per channel for the others."""
 
     keys: list[str]
-    rewards: list[list[float]]
-    lengths: list[list[int]]
+    rewards: pa.ListArray
+    lengths: pa.ListArray
     bands: list[dict[str, dict[str, float]] | None]
     with_band: Counter[str]
     no_band: dict[str, Counter[str]]
 
-    def metadata(self, index: int) -> dict[str, Any]:
-        """The three columns of prompt ``index``."""
+    def columns(self, prompts: list[int | None]) -> dict[str, Any]:
+        """The three columns for these prompt indices, in order (None: a row with no profile)."""
+        index = pa.array(prompts, type=pa.int64())
         return {
-            "profiled_rewards": self.rewards[index],
-            "profiled_output_lengths": self.lengths[index],
-            "profile_band": self.bands[index],
+            "profiled_rewards": self.rewards.take(index),
+            "profiled_output_lengths": self.lengths.take(index),
+            "profile_band": [None if i is None else self.bands[i] for i in prompts],
         }
 
 
@@ -109,11 +113,9 @@ class ProfileBuilder:
         channels = {"reasoning": np.frombuffer(self._reasoning, dtype=np.int64)[order]}
         channels["answer"] = np.frombuffer(self._answer, dtype=np.int64)[order]
         channels["total"] = channels["reasoning"] + channels["answer"]
-        sizes = np.bincount(prompt, minlength=prompts)
-        ends = np.cumsum(sizes)
-        starts, ends = (ends - sizes).tolist(), ends.tolist()
-        rewards = [reward[s:e].tolist() for s, e in zip(starts, ends, strict=True)]
-        totals = [channels["total"][s:e].tolist() for s, e in zip(starts, ends, strict=True)]
+        offsets = pa.array(np.concatenate([[0], np.cumsum(np.bincount(prompt, minlength=prompts))]))
+        rewards = pa.ListArray.from_arrays(offsets, pa.array(reward))
+        totals = pa.ListArray.from_arrays(offsets, pa.array(channels["total"]))
         bands: list[dict[str, dict[str, float]] | None] = [None] * prompts
         with_band: Counter[str] = Counter()
         no_band: dict[str, Counter[str]] = {}

@@ -294,8 +294,6 @@ def channel_lengths(
     """Each rollout's (reasoning, answer) length in its unit (reference §2.5), or why it has none: token
     counts in the row when the unit is tokens, else the completion measured by the core's
     ``measure_lengths`` (one call per chunk). ``position`` names row positions in errors."""
-    from trl_length_plugin.shaping.lengths import measure_lengths
-
     out: list[tuple[int, int] | str] = ["token counts only; chars need the completion text"] * len(rollouts)
     texts = []
     for i, (rollout, unit) in enumerate(zip(rollouts, units, strict=True)):
@@ -309,6 +307,8 @@ def channel_lengths(
                 )
             texts.append(i)
     if texts:
+        from trl_length_plugin.shaping.lengths import measure_lengths  # torch: only to measure text
+
         completions = [rollouts[i].completion for i in texts]
         lengths = measure_lengths(completions, [units[i] for i in texts], tokenizer, tags)
         pairs = zip(lengths.reasoning.tolist(), lengths.answer.tolist(), strict=True)

@@ -15,6 +15,8 @@ from trl_length_plugin.offline.command import CommandError
 from trl_length_plugin.offline.rollouts import id_key, text_key
 
 EMBEDDED = "embedded"
+#: the per-prompt metadata columns (docs/reference/length-penalties.md §2.14)
+METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 OUTPUT_FORMATS = ".jsonl, .parquet or a directory (datasets save_to_disk)"
 
@@ -55,11 +57,17 @@ def load_prompts(name: str, size: int = 256, seed: int = 0):
     return datasets.load_dataset(builder, data_files=str(path), split="train")
 
 
+def columns(dataset, names) -> dict[str, list[Any]]:
+    """The dataset's columns among ``names`` as Python lists (one conversion, not one read per row)."""
+    present = [name for name in names if name in dataset.column_names]
+    return dataset.select_columns(present).to_dict() if present else {}
+
+
 def prompt_keys(dataset) -> list[tuple[str, str | None]]:
     """Per row, its ``(id key, text key or None)``."""
-    columns = dataset.column_names
-    ids = dataset["prompt_id"] if "prompt_id" in columns else range(len(dataset))
-    texts = dataset["prompt"] if "prompt" in columns else [None] * len(dataset)
+    values = columns(dataset, ("prompt_id", "prompt"))
+    ids = values.get("prompt_id", range(len(dataset)))
+    texts = values.get("prompt", [None] * len(dataset))
     try:
         return [(id_key(i), None if t is None else text_key(t)) for i, t in zip(ids, texts, strict=True)]
     except ValueError as err:
