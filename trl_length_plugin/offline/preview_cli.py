@@ -26,7 +26,7 @@ SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "grou
 
 
 def make_parser() -> Parser:
-    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("rollouts", help="rollout file (.jsonl, .csv, .parquet or a datasets directory)")
     keys = parser.add_argument_group("the trainer's keys (flags override the recipe)")
     keys.add_argument("--config", help="a trl-length grpo recipe (YAML)")

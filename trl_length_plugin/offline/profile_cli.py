@@ -29,7 +29,7 @@ PROG = "trl-length profile"
 
 
 def make_parser() -> Parser:
-    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument(
         "rollouts",
         help="rollout file (.jsonl, .csv, .parquet, datasets dir); with --generate, "
