@@ -130,9 +130,8 @@ def doc_commands() -> list[list[str]]:
 
 def test_the_commands_of_docs_profiles_md(tmp_path, capsys, monkeypatch):
     """Every profile and preview command of the worked example, as written, from a copy of the repo's
-    recipes and docs (the training command is the recipe's, checked by test_trl_cli)."""
-    for name in ("recipes", "docs"):
-        (tmp_path / name).symlink_to(REPO / name)
+    docs (recipes by name, ``recipe:NAME``; the training command is the recipe's, checked by test_trl_cli)."""
+    (tmp_path / "docs").symlink_to(REPO / "docs")
     monkeypatch.chdir(tmp_path)
     ran = []
     for argv in doc_commands():

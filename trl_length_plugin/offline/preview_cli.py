@@ -29,7 +29,7 @@ def make_parser() -> Parser:
     parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("rollouts", help="rollout file (.jsonl, .csv, .parquet or a datasets directory)")
     keys = parser.add_argument_group("the trainer's keys (flags override the recipe)")
-    keys.add_argument("--config", help="a trl-length grpo recipe (YAML)")
+    keys.add_argument("--config", help="a trl-length grpo recipe: a YAML file or recipe:NAME")
     keys.add_argument("--length_penalty", help="the block: a JSON object or the path of a YAML file")
     for key in ("length_penalty_coeff", "length_penalty_min_tokens", "length_penalty_coeff_warmup_steps"):
         keys.add_argument(f"--{key}")
@@ -51,11 +51,17 @@ def make_parser() -> Parser:
     return parser
 
 
-def _read_recipe(path: str) -> dict[str, Any]:
+def _read_recipe(value: str) -> dict[str, Any]:
     import yaml
 
+    from trl_length_plugin.recipes import resolve_config
+
     try:
-        recipe = yaml.safe_load(Path(path).read_text())
+        path = resolve_config(value)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    try:
+        recipe = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise CommandError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if recipe is None:

@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# LUSPO on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/luspo.md).
+# GRPO + the length coefficient on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/verl.md).
 #
-# Paper settings (decisions.md §4.2) scaled to one GPU: clip range 2e-3 / 2.5e-3, lr 1e-6,
-# 8 responses per prompt, temperature 1.0, top-p 0.7; 32 prompts per step (paper: 128).
-# `loss_mode=luspo` is registered by verl_adapter through verl's `verl.plugins` entry point,
-# so only `pip install 'trl-length-plugin[verl]'` is needed besides verl and vLLM.
+# Correct rollouts longer than the shortest correct one of their group are scaled by
+# 1 / (1 + c * (L - L_ref) / L_ref) (docs/reference/length-coefficient.md §3.1; c = length_penalty_coeff,
+# L the response_mask token count, L_ref >= length_penalty_min_tokens). `algorithm.adv_estimator=length_grpo`
+# (registered by verl_adapter) mean-centres all-correct groups without std scaling and keeps GRPO's
+# normalization for mixed groups (§3.3). DAPO dynamic sampling (`algorithm.filter_groups`) judges the shaped
+# rewards, so all-correct groups whose lengths differ stay in the batch. Metrics: `length_penalty/coeff*`.
 #
 # Data, once (verl's docs; from a verl checkout):
 #   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
-# Run:   bash recipes/verl/luspo_qwen2.5-0.5b.sh [extra Hydra overrides]
-# Twin:  recipes/verl/gspo_qwen2.5-0.5b.sh (only loss_mode, loss_agg_mode and the run name differ).
+# Run:   bash trl_length_plugin/recipes/verl/grpo_length_coeff_qwen2.5-0.5b.sh [extra Hydra overrides]
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 
 python3 -m verl.trainer.main_ppo \
-    algorithm.adv_estimator=grpo \
+    algorithm.adv_estimator=length_grpo \
     algorithm.use_kl_in_reward=False \
+    +length_penalty_coeff=0.5 \
+    +length_penalty_min_tokens=64 \
+    algorithm.filter_groups.enable=True \
+    algorithm.filter_groups.metric=reward \
+    algorithm.filter_groups.max_inflight_gen_batches=2 \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \
     data.train_batch_size=32 \
@@ -28,10 +34,6 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.model.path="$MODEL_PATH" \
     actor_rollout_ref.model.use_remove_padding=True \
     actor_rollout_ref.model.enable_gradient_checkpointing=True \
-    actor_rollout_ref.actor.policy_loss.loss_mode=luspo \
-    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum \
-    actor_rollout_ref.actor.clip_ratio_low=2e-3 \
-    actor_rollout_ref.actor.clip_ratio_high=2.5e-3 \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
@@ -42,12 +44,11 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
     actor_rollout_ref.rollout.n=8 \
     actor_rollout_ref.rollout.temperature=1.0 \
-    actor_rollout_ref.rollout.top_p=0.7 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 \
     trainer.critic_warmup=0 \
     trainer.logger='["console"]' \
     trainer.project_name=trl_length_plugin \
-    trainer.experiment_name=luspo_qwen2.5-0.5b_gsm8k \
+    trainer.experiment_name=grpo_length_coeff_qwen2.5-0.5b_gsm8k \
     trainer.n_gpus_per_node=1 \
     trainer.nnodes=1 \
     trainer.save_freq=-1 \

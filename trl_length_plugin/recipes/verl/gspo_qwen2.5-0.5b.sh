@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GSPO on one GPU with verl 0.9.1: the twin of luspo_qwen2.5-0.5b.sh for comparison (docs/luspo.md).
 #
-# Identical settings (decisions.md §4.2 scaled to one GPU) except the policy loss: verl's built-in
+# Identical settings (docs/reference/luspo.md §4.2 scaled to one GPU) except the policy loss: verl's built-in
 # `gspo` with the paper's sequence-mean aggregation (`seq-mean-token-mean`; verl 0.9.1's `gspo`
 # follows actor.loss_agg_mode, whose default token-mean is not paper GSPO).
 #
 # Data, once (verl's docs; from a verl checkout):
 #   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
-# Run:   bash recipes/verl/gspo_qwen2.5-0.5b.sh [extra Hydra overrides]
+# Run:   bash trl_length_plugin/recipes/verl/gspo_qwen2.5-0.5b.sh [extra Hydra overrides]
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}

@@ -1,29 +1,23 @@
 #!/usr/bin/env bash
-# GRPO + the length coefficient on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/verl.md).
+# GRPO + group length penalties on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/verl.md).
 #
-# Correct rollouts longer than the shortest correct one of their group are scaled by
-# 1 / (1 + c * (L - L_ref) / L_ref) (decisions.md §3.1; c = length_penalty_coeff, L the response_mask
-# token count, L_ref >= length_penalty_min_tokens). `algorithm.adv_estimator=length_grpo` (registered by
-# verl_adapter) mean-centres all-correct groups without std scaling and keeps GRPO's normalization for
-# mixed groups (§3.3). DAPO dynamic sampling (`algorithm.filter_groups`) judges the shaped rewards, so
-# all-correct groups whose lengths differ stay in the batch. Metrics: `length_penalty/coeff*`.
+# The `length_penalty` block (docs/reference/length-penalties.md §2) comes from length_penalty_gsm8k.yaml
+# next to this script; verl_adapter (loaded through verl's `verl.plugins` entry point) validates it when
+# the trainer starts and shapes whole `uid` groups before verl's GRPO advantages. Metrics: `length_penalty/*`.
 #
 # Data, once (verl's docs; from a verl checkout):
 #   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
-# Run:   bash recipes/verl/grpo_length_coeff_qwen2.5-0.5b.sh [extra Hydra overrides]
+# Run:   bash trl_length_plugin/recipes/verl/grpo_length_penalty_qwen2.5-0.5b.sh [extra Hydra overrides]
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 python3 -m verl.trainer.main_ppo \
-    algorithm.adv_estimator=length_grpo \
+    algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=False \
-    +length_penalty_coeff=0.5 \
-    +length_penalty_min_tokens=64 \
-    algorithm.filter_groups.enable=True \
-    algorithm.filter_groups.metric=reward \
-    algorithm.filter_groups.max_inflight_gen_batches=2 \
+    +length_penalty="$HERE/length_penalty_gsm8k.yaml" \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \
     data.train_batch_size=32 \
@@ -48,7 +42,7 @@ python3 -m verl.trainer.main_ppo \
     trainer.critic_warmup=0 \
     trainer.logger='["console"]' \
     trainer.project_name=trl_length_plugin \
-    trainer.experiment_name=grpo_length_coeff_qwen2.5-0.5b_gsm8k \
+    trainer.experiment_name=grpo_length_penalty_qwen2.5-0.5b_gsm8k \
     trainer.n_gpus_per_node=1 \
     trainer.nnodes=1 \
     trainer.save_freq=-1 \
