@@ -172,7 +172,7 @@ def test_bad_config_exits_2_with_the_trainers_message(tmp_path, capsys):
         ),
         (
             {"length_penalty_coeff_warmup_steps": 5},
-            "length_penalty_coeff_warmup_steps needs length_penalty_coeff",
+            "length_penalty_coeff_warmup_steps: needs length_penalty_coeff",
         ),
         ({"length_penalty_coeff": -1.0}, "length_penalty_coeff"),
     ]
