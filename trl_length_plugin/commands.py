@@ -1,7 +1,9 @@
 """``trl-length``: the plugin's command line, one subcommand per tool (like TRL's ``trl grpo|sft|...``).
 
-- ``trl-length grpo``: GRPO from a recipe with the plugin's trainer (``trl-length-grpo`` is the same);
+- ``trl-length grpo``: GRPO from a recipe with the plugin's trainer (``trl-length-grpo`` is the same).
 - ``trl-length recipes``: the recipes shipped with the package (``--config recipe:NAME``) and their paths.
+- ``trl-length profile``: per-prompt profiles and bands from a reference model's rollouts.
+- ``trl-length preview``: what a length-shaping config does to saved rollouts.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -16,6 +18,11 @@ import sys
 SUBCOMMANDS = {
     "grpo": ("trl_length_plugin.cli", "GRPO from a YAML recipe plus flags, with the plugin's trainer"),
     "recipes": ("trl_length_plugin.recipes", "list the recipes shipped with the package and their paths"),
+    "profile": ("trl_length_plugin.offline.profile_cli", "per-prompt profiles and bands from rollouts"),
+    "preview": (
+        "trl_length_plugin.offline.preview_cli",
+        "what a length-shaping config does to saved rollouts",
+    ),
 }
 
 
