@@ -104,7 +104,7 @@ def test_startup_line_is_the_pages_and_follows_verls_log_level(caplog, monkeypat
     monkeypatch.delenv("VERL_LOGGING_LEVEL", raising=False)
     plugin.setLevel(logging.NOTSET)
     try:
-        make_trainer([f"+length_penalty={REPO}/recipes/verl/length_penalty_gsm8k.yaml"])
+        make_trainer([f"+length_penalty={REPO}/trl_length_plugin/recipes/verl/length_penalty_gsm8k.yaml"])
         assert plugin.level == logging.INFO
         assert line in [record.getMessage() for record in caplog.records]
     finally:
