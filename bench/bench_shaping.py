@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import multiprocessing
+import statistics
 import tempfile
 import time
 from contextlib import contextmanager
@@ -205,12 +206,17 @@ def threads_section(sizes: list[int], processes: int) -> None:
         for rows in sizes:
             *data, metadata = make_batch(rows, 8)
             shaping_step = step(data, cached_metadata(metadata, 8))
-            times = {}
-            for threads in (default, 1):
-                torch.set_num_threads(threads)
-                times[threads] = timeit(shaping_step, 21)
+            times = {default: [], 1: []}
+            shaping_step()  # warm-up
+            for _ in range(41):  # interleaved calls: drift in the busy processes hits both alike
+                for threads in (default, 1):
+                    torch.set_num_threads(threads)
+                    start = time.perf_counter()
+                    shaping_step()
+                    times[threads].append(time.perf_counter() - start)
             torch.set_num_threads(default)
-            report(f"{rows} rows, groups of 8", times[default] * 1e3, times[1] * 1e3)
+            median = statistics.median
+            report(f"{rows} rows, groups of 8", median(times[default]) * 1e3, median(times[1]) * 1e3)
 
 
 def main() -> None:

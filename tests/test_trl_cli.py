@@ -300,3 +300,22 @@ def test_cpu_recipe_trains_through_the_console_command_and_logs(tmp_path):
     assert settings + "length coefficient 1" in done.stderr
     penalty_lines = [line for line in done.stderr.splitlines() if "] Length penalty: session_id=" in line]
     assert len(penalty_lines) == 4  # one per rollout: 1 prompt x 4 generations
+
+
+@pytest.mark.slow
+def test_score_centering_cpu_recipe_trains_with_a_colocated_engine(tmp_path):
+    """One step of ``recipe:score_centering_cpu`` through the console command: the setup line names the mode,
+    and the step logs the score-centering metrics."""
+    small = ["--max_steps", "1", "--dataset_size", "8", "--per_device_train_batch_size", "8"]
+    done = subprocess.run(
+        [str(BIN / "trl-length-grpo"), "--config", "recipe:score_centering_cpu", *small, "--gradient_accumulation_steps", "1",
+         "--output_dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (
+        "trl-length-plugin: score centering: K=16, mode tis in [0, 3], full vocabulary (vLLM colocate)"
+        in done.stderr
+    )
+    assert "score_centering/head_mass" in done.stdout and "score_centering/correction_abs_mean" in done.stdout

@@ -63,3 +63,13 @@ def test_model_card_has_tag_settings_and_luspo_citation(luspo, random_model_dir,
     assert text.index("## Length control") < text.index("## Citations") < text.index("Cite TRL as:")
     assert ("arXiv:2602.05261" in text) is luspo and ("Cite LUSPO as:" in text) is luspo
     assert "Cite GRPO as:" in text  # TRL's own citations stay
+
+
+def test_score_centering_is_in_the_card_section(tmp_path):
+    from tests.trl_length_helpers import sc_config
+    from trl_length_plugin.trl_integration.model_card import length_card_section
+
+    section = length_card_section(sc_config(tmp_path))
+    assert "score centering: K=16, mode tis in [0, 3], full vocabulary" in section
+    settings = json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))
+    assert settings == {"score_centering": True, "score_centering_top_k": 16}

@@ -357,6 +357,7 @@ class MetadataCache:
     def __len__(self) -> int:
         return len(self._rows)
 
+    @single_threaded()
     def lookup(
         self, keys: Sequence[Hashable], fetch: Callable[[list[Hashable]], Sequence[Any]]
     ) -> PromptMetadata:

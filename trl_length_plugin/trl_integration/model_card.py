@@ -1,6 +1,7 @@
 """The model card of a model trained with the plugin: TRL's card (``GRPOTrainer.create_model_card``, which
 adds the ``trl-length-plugin`` tag from ``_tag_names``) with a "Length control" section before its
-citations, giving the settings used, and LUSPO's citation first among them when LUSPO is on."""
+citations, giving the settings used (score centering's too), and LUSPO's citation first among them when
+LUSPO is on."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ LUSPO_KEYS = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high
 
 
 def length_settings(args) -> dict:
-    """The length-control keys a run set (values other than the defaults), and LUSPO's TRL settings."""
+    """The length-control and score-centering keys a run set (values other than the defaults), and LUSPO's
+    TRL settings."""
     settings = args.shaping.model_dump(mode="json", exclude_defaults=True)
+    settings.update(args.score_centering_config.model_dump(mode="json", exclude_defaults=True))
     if args.luspo:
         settings.update(luspo=True, **{key: getattr(args, key) for key in LUSPO_KEYS})
     return settings
@@ -26,12 +29,17 @@ def length_settings(args) -> dict:
 
 def length_card_section(args) -> str:
     """Markdown of the "Length control" section: what was on, and the settings as JSON."""
+    done = [args.shaping.summary()]
+    if args.luspo:
+        done.append("LUSPO")
+    if args.score_centering_plan is not None:
+        done.append(args.score_centering_plan.summary())
     return "\n".join(
         [
             "## Length control",
             "",
             "Trained with [trl-length-plugin](https://pypi.org/project/trl-length-plugin/) "
-            f"({args.shaping.summary()}{'; LUSPO' if args.luspo else ''}). Settings other than the defaults:",
+            f"({'; '.join(done)}). Settings other than the defaults:",
             "",
             "```json",
             json.dumps(length_settings(args), indent=2, sort_keys=True),

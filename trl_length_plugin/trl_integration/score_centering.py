@@ -18,6 +18,7 @@ alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, i
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
 #: generation_kwargs that would change what vLLM returns for the head
 CAPTURE_KWARGS = ("logprobs", "prompt_logprobs", "logprob_token_ids", "flat_logprobs", "detokenize")
 STATE_FILE = "score_centering_state.json"
+logger = logging.getLogger("trl_length_plugin")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,17 @@ class ScoreCenteringPlan:
     @property
     def writes_weights(self) -> bool:
         return self.mode in ("is", "adaptive-ppo-clip")
+
+    def summary(self) -> str:
+        """One line saying what runs, for the setup log."""
+        mode = self.mode
+        if self.bounds is not None:
+            offset = " + k" if mode == "adaptive-ppo-clip" else ""
+            mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
+        parts = [f"K={self.top_k}", f"mode {mode}", "sampler replay" if self.replay else "full vocabulary"]
+        if self.force_on_policy:
+            parts.append("on-policy ratio")
+        return "score centering: " + ", ".join(parts)
 
 
 def _sampling(args) -> dict:
@@ -158,6 +171,7 @@ class ScoreCenteringMixin:
     resolved plan (None: every hook passes through)."""
 
     _score_plan: ScoreCenteringPlan | None = None
+    _controller: AdaptiveClipController | None = None
 
     # -- setup --------------------------------------------------------------------------------------------
     def _check_score_centering_inputs(self, kwargs: dict) -> None:
@@ -214,6 +228,7 @@ class ScoreCenteringMixin:
         self._controller = None
         if plan.mode == "adaptive-ppo-clip":
             self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
+        logger.info("trl-length-plugin: %s (vLLM %s)", plan.summary(), generation.mode)
 
     # -- generation ---------------------------------------------------------------------------------------
     def _generate(self, prompts):
