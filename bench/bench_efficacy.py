@@ -1,18 +1,19 @@
 """Which length control to pick: every shaping algorithm, the coefficient, GSPO and LUSPO on the embedded task.
 
 Each arm trains the warm-started embedded model of each seed with the demo's GRPO settings
-(``trl_length_plugin.demo.TRAINING``, 4 prompts x 8 completions a step), then samples the held-out problems
-(never trained on) at the training temperature. Baseline: plain GRPO of the same seeds, in the same run.
+(``trl_length_plugin.demo``: 60 steps of 4 prompts x 8 completions), then samples the held-out problems
+(never trained on) at the training temperature. Baseline: plain GRPO of the same seeds, in the same grid.
 Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
 samples, and the means of TRL's ``length_penalty/*`` metrics. The profile arms read per-prompt profiles
-made from the warm model's own rollouts (``warm_profiles``).
+made from the warm model's own rollouts (``warm_reference``).
 
 One JSON per finished run lands in ``--out``/runs; a finished run is not redone, so an interrupted grid
-resumes. ``--jobs 2`` trains one run per core in worker processes. At the end: the markdown table
-(``--out``/table.md), ``case | measured | baseline | ratio`` lines, the Pareto PNG and the best trade-off.
+resumes and a second invocation only summarizes. ``--jobs 2`` (the default) trains one run per core in
+worker processes. At the end: the tables (``--out``/table.md), ``case | measured | baseline | ratio``
+lines, the Pareto PNG and the best trade-off. Recorded in docs/efficacy.md:
 
-    OMP_NUM_THREADS=1 python -m bench.bench_efficacy [--seeds 0,1,2] [--steps 40] [--jobs 2]
-        [--arms NAME,...] [--out outputs/efficacy] [--png docs/images/efficacy_pareto.png]
+    OMP_NUM_THREADS=1 python -m bench.bench_efficacy --png docs/images/efficacy_pareto.png
+        [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...] [--out outputs/efficacy]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ TARGET_LENGTH_CUT = 30.0
 CLIP = {"epsilon": 2e-3, "epsilon_high": 2.5e-3}  # LUSPO's clip range (docs/reference/luspo.md §4.2)
 #: the penalty keys that read per-prompt profiles or bands (docs/reference/length-penalties.md §2.14)
 PROFILE_KEYS = ("profiled_length_penalty", "profile_band_total", "group_length_penalty_profile_gate")
+MARKERS = "osD^vP*Xh<>p"
 #: TRL's shaping metrics shown per arm, averaged over steps (reference §2.15, length-coefficient.md §3.1)
 STATS = {
     "length_penalty/reward_delta_mean": "penalties: reward change / rollout",
@@ -408,7 +410,11 @@ def markdown_tables(rows: list[dict], warm: list[dict]) -> str:
     for r in rows:
         if any(r["shaping"].values()):
             cells = [
-                "" if v is None else f"{100 * v:.1f}" if key.endswith("_frac") else f"{v:+.3f}"
+                ""
+                if v is None
+                else f"{100 * v:.1f}"
+                if key.endswith("_frac")
+                else f"{round(v, 3) + 0.0:+.3f}"
                 for key, v in r["shaping"].items()
             ]
             lines.append(f"| {r['arm'].name} | " + " | ".join(cells) + " |")
@@ -435,30 +441,20 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 7))
+    fig, ax = plt.subplots(figsize=(13, 7))
     ax.axvspan(-100, -TARGET_LENGTH_CUT, color="tab:green", alpha=0.06)
     ax.axhline(-MAX_ACCURACY_LOSS, color="tab:green", lw=0.8, ls="--")
     ax.axvline(
         -TARGET_LENGTH_CUT, color="tab:green", lw=0.8, ls="--", label="target: >= 30% shorter, >= -2 points"
     )
     families = list(dict.fromkeys(r["arm"].family for r in rows))
-    colors = plt.get_cmap("tab20")
     for r in rows:
         (x, dx), (y, dy) = r["length_change"], r["accuracy_change"]
-        family = r["arm"].family
-        first = all(o["arm"].family != family for o in rows[: rows.index(r)])
-        ax.errorbar(
-            x,
-            y,
-            xerr=dx,
-            yerr=dy,
-            fmt="o",
-            ms=6,
-            capsize=2,
-            lw=0.8,
-            color=colors(families.index(family) % 20),
-            label=family if first else None,
-        )
+        k = families.index(r["arm"].family)
+        first = r is next(o for o in rows if o["arm"].family == r["arm"].family)
+        color = plt.get_cmap("tab20")((2 * k) % 20 + (2 * k) // 20 % 2)  # ten dark hues, then light ones
+        ax.errorbar(x, y, xerr=dx, yerr=dy, fmt="none", ecolor=color, alpha=0.3, lw=0.8, capsize=2)
+        ax.plot(x, y, MARKERS[k % len(MARKERS)], color=color, ms=7, label=r["arm"].family if first else None)
         ax.annotate(r["arm"].strength, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     front = pareto_front(rows)
     ax.plot(
@@ -475,7 +471,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("held-out accuracy vs plain GRPO (points)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -485,9 +481,14 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated; figures are means over seeds")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; figures are means over seeds")
     parser.add_argument("--steps", type=int, default=demo.STEPS, help="GRPO optimizer steps per run")
-    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one worker process each")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="runs trained at once, one worker process each (1: in this process)",
+    )
     parser.add_argument(
         "--arms", default="", help="comma-separated arm names (default all); plain GRPO always runs"
     )
