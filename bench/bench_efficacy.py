@@ -158,13 +158,6 @@ def uses_profiles(arm: Arm) -> bool:
     return any(params.get(key) for key in PROFILE_KEYS)
 
 
-def distinct_problems(dataset):
-    first: dict[str, int] = {}
-    for i, row in enumerate(dataset):
-        first.setdefault(demo.question(row), i)
-    return dataset.select(list(first.values()))
-
-
 def warm_reference(seed: int) -> dict:
     """The warm model of ``seed`` before any RL: its held-out ``eval`` figures, and ``profiles`` of its own
     rollouts, ``PROFILE_SAMPLES`` per training problem at the training settings: ``profiled_rewards``,
@@ -180,7 +173,7 @@ def warm_reference(seed: int) -> dict:
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     held_out = demo.sample(model, tokenizer, demo.held_out_dataset(), demo.EVAL_SAMPLES, demo.HELD_OUT_SEED)
-    problems = distinct_problems(demo.training_dataset(seed))
+    problems = demo.distinct_problems(demo.training_dataset(seed))
     rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed)
     totals = measure_lengths([r["text"] for r in rollouts], "tokens", tokenizer).total.tolist()
     profiles = {}
@@ -197,9 +190,7 @@ def warm_reference(seed: int) -> dict:
             "band": band,
         }
     return dict(
-        settings=dict(
-            eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=demo.TRAINING
-        ),
+        settings=warm_settings(),
         eval=dict(
             length=statistics.fmean(r["tokens"] for r in held_out),
             accuracy=statistics.fmean(r["correct"] for r in held_out),

@@ -52,15 +52,19 @@ def question(row: dict) -> str:
     return row["prompt"][0]["content"]
 
 
+def distinct_problems(dataset):
+    """The first row of each distinct question of ``dataset``."""
+    first: dict[str, int] = {}
+    for i, row in enumerate(dataset):
+        first.setdefault(question(row), i)
+    return dataset.select(list(first.values()))
+
+
 def held_out_dataset():
     """One row per held-out problem, the same for every seed and arm."""
     from trl_length_plugin.embedded import make_task_dataset
 
-    draw = make_task_dataset(HELD_OUT_DRAW, seed=HELD_OUT_SEED)
-    first: dict[str, int] = {}
-    for i, row in enumerate(draw):
-        first.setdefault(question(row), i)
-    return draw.select(list(first.values()))
+    return distinct_problems(make_task_dataset(HELD_OUT_DRAW, seed=HELD_OUT_SEED))
 
 
 def training_dataset(seed: int, size: int = 2048):
