@@ -1,4 +1,4 @@
-"""GSPO vs LUSPO on the embedded task: mean completion length and accuracy, side by side (issue 6, decisions.md §4).
+"""GSPO vs LUSPO on the embedded task: mean completion length and accuracy, side by side (issue 6, docs/reference/luspo.md §4).
 
 Both losses run TRL's real GRPOTrainer on the warm-started embedded model with the same seeds, data, steps
 and clip range (the paper's 2e-3 / 2.5e-3); only the loss differs: GSPO = ``loss_type="grpo"`` with
@@ -30,7 +30,7 @@ from bench._harness import header, report  # noqa: E402
 LENGTH_KEY = "completions/mean_length"
 ACCURACY_KEY = "rewards/correctness_reward/mean"
 LOSSES = {"gspo": {"loss_type": "grpo"}, "luspo": {"loss_type": "luspo"}}
-#: the paper's clip range (decisions.md §4.2), shared by both losses
+#: the paper's clip range (docs/reference/luspo.md §4.2), shared by both losses
 CLIP = {"epsilon": 2e-3, "epsilon_high": 2.5e-3}
 
 

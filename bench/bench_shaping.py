@@ -1,13 +1,18 @@
-"""Length-shaping engine vs the per-group loop reference of the tests (issue 3, decisions.md §2-3).
+"""The length-shaping step (``shape_rollouts``) against three baselines measured in the same run.
 
 Every group algorithm and the length coefficient are on at once (bonus, longest, group-relative with the
 profile gate, zMAD on all channels, profiled length, pass rate, profile bands from global defaults and
-per-prompt metadata), followed by the §3.3 advantages and keep mask. Integer lengths, groups of 8 and 16.
-Each size runs twice: with per-prompt metadata (profiled lengths and a band per prompt, converted from
-Python objects inside the timed call) and with global bands only (no metadata; the profiled penalty
-then has nothing to act on). Measured: the engine's median time; baseline: ``tests/shaping_reference.py``
-on the same batch in the same run. For the largest batch the reference runs on a 65,536-row sub-batch
-and is scaled linearly, which the case name says ("ref 65536 rows x8"). Medians of 21 calls.
+per-prompt metadata), with the §3.3 advantages and keep mask (docs/reference/length-penalties.md §2,
+docs/reference/length-coefficient.md §3). Integer lengths, groups of 8 and 16. Medians of 21 calls.
+
+1. ``reference``: the step vs ``tests/shaping_reference.py`` (the per-group loop of the tests) on the same
+   batch, with per-prompt metadata converted from Python objects inside the timed call, and with global
+   bands only. For the largest batch the reference runs on a 65,536-row sub-batch and is scaled
+   linearly, which the case name says ("ref 65536 rows x8").
+2. ``metadata``: steady state with per-prompt metadata parsed once (a warm ``MetadataCache``, as the
+   trainers hold it) vs the same batch without metadata (target: at most 1.3x).
+3. ``threads``: the step at torch's default thread count vs one thread, while ``--busy`` processes spin on
+   the other cores (a trainer's machine is busy; target: at most 1.5x).
 
 The allocator's state decides whether the engine's temporaries are page-faulted in afresh on every
 call, so ``--allocator`` sets it: ``warm`` (default) as a trainer process has it, after one freed 16 MB
@@ -15,28 +20,24 @@ buffer (``warm_allocator``); ``trl`` after two real GRPO steps of ``LengthPlugin
 embedded model (needs the ``trl`` extra), the state ``warm`` stands for; ``cold`` in an otherwise
 empty process.
 
-    python -m bench.bench_shaping [--threads 1] [--sizes 8192,65536,524288] [--allocator warm|trl|cold]
+    python -m bench.bench_shaping [--sections reference,metadata,threads] [--threads 1]
+        [--sizes 8192,65536,524288] [--allocator warm|trl|cold] [--busy 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import multiprocessing
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from bench._harness import header, report, timeit
-from trl_length_plugin.shaping import (
-    LengthPenaltyConfig,
-    RolloutBatch,
-    apply_length_coefficient,
-    apply_length_penalties,
-    group_advantages,
-    nonzero_std_keep_mask,
-)
+from trl_length_plugin.shaping import LengthShapingConfig, MetadataCache, RolloutBatch, shape_rollouts
 
 REFERENCE_ROWS = 65_536
 CONFIG = {
@@ -60,6 +61,7 @@ CONFIG = {
     },
 }
 COEFF = 1.0
+SHAPING = LengthShapingConfig(length_penalty=CONFIG, length_penalty_coeff=COEFF, drop_zero_std_groups=True)
 
 
 def warm_allocator() -> None:
@@ -110,14 +112,13 @@ def make_batch(rows: int, group_size: int, seed: int = 0):
     return rewards, group_index, reasoning, answer, metadata
 
 
-def engine(config, rewards, group_index, reasoning, answer, metadata):
-    batch = RolloutBatch(rewards, group_index, reasoning, answer, metadata=metadata)
-    shaped = apply_length_penalties(batch, config).rewards
-    groups = batch.layout  # built once, reused by the coefficient and the normalization
-    coefficient = apply_length_coefficient(shaped, batch.total_lengths, groups, COEFF, correctness=rewards)
-    advantages = group_advantages(coefficient.rewards, rewards, groups)
-    keep = nonzero_std_keep_mask(coefficient.rewards, rewards, groups)
-    return advantages, keep
+def engine(rewards, group_index, reasoning, answer, metadata):
+    """One shaping step, as a trainer runs it (the coefficient's L is the total length here)."""
+    batch = RolloutBatch(
+        rewards, group_index, reasoning, answer, metadata=metadata, loss_lengths=reasoning + answer
+    )
+    result = shape_rollouts(batch, SHAPING)
+    return result.advantages, result.keep
 
 
 def reference(ref, config, rewards, group_index, reasoning, answer, metadata):
@@ -129,26 +130,48 @@ def reference(ref, config, rewards, group_index, reasoning, answer, metadata):
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--sizes", default="8192,65536,524288")
-    parser.add_argument("--allocator", choices=("warm", "trl", "cold"), default="warm")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    {"warm": warm_allocator, "trl": trl_steps, "cold": lambda: None}[args.allocator]()
+def step(data: tuple, metadata=lambda: None):
+    """A shaping step on ``data`` (rewards, groups, reasoning, answer) with ``metadata()`` each call."""
+    return lambda: engine(*data, metadata())
+
+
+def cached_metadata(metadata: list, group_size: int):
+    """Per-group parsed metadata from a warm ``MetadataCache`` keyed by prompt, as the trainers look it up
+    (one key per group)."""
+    cache = MetadataCache()
+    keys = list(range(len(metadata) // group_size))
+    cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])  # first sight: parsed
+    return lambda: cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])
+
+
+@contextmanager
+def busy(processes: int):
+    """``processes`` spinning processes (a busy machine) for the duration of the block."""
+    workers = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        for worker in workers:
+            worker.terminate()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def reference_section(sizes: list[int]) -> None:
     ref = load_reference()
-    config = LengthPenaltyConfig.model_validate(CONFIG)
-    header(
-        f"length shaping engine vs per-group reference ({args.threads} thread(s), {args.allocator} allocator; "
-        "all algorithms + coefficient)"
-    )
-    for rows in (int(size) for size in args.sizes.split(",")):
+    config = SHAPING.length_penalty
+    header("shaping step vs per-group reference (all algorithms + coefficient + advantages + filter)")
+    for rows in sizes:
         for group_size in (8, 16):
             rewards, group_index, reasoning, answer, metadata = make_batch(rows, group_size)
             for label, meta in (("per-prompt metadata", metadata), ("global bands only", None)):
                 data = (rewards, group_index, reasoning, answer, meta)
-                measured = timeit(lambda data=data: engine(config, *data), repeat=21, warmup=1)
+                measured = timeit(lambda data=data: engine(*data), repeat=21, warmup=1)
                 sub_rows = min(rows, REFERENCE_ROWS)
                 sub = (
                     rewards[:sub_rows].tolist(),
@@ -163,6 +186,52 @@ def main() -> None:
                 scaled = f", ref {sub_rows} rows x{rows // sub_rows}" if sub_rows < rows else ""
                 case = f"{rows} rows, groups of {group_size}, {label}{scaled}"
                 report(case, measured * 1e3, baseline * 1e3)
+
+
+def metadata_section(sizes: list[int]) -> None:
+    header("metadata parsed once (warm cache, lookup in the timed call) vs no metadata (target <= 1.3)")
+    for rows in sizes:
+        for group_size in (8, 16):
+            *data, metadata = make_batch(rows, group_size)
+            with_metadata = timeit(step(data, cached_metadata(metadata, group_size)), 21)
+            without = timeit(step(data), 21)
+            report(f"{rows} rows, groups of {group_size}", with_metadata * 1e3, without * 1e3)
+
+
+def threads_section(sizes: list[int], processes: int) -> None:
+    default = torch.get_num_threads()
+    header(f"{default} torch threads vs 1, {processes} busy process(es) (target <= 1.5)")
+    with busy(processes):
+        for rows in sizes:
+            *data, metadata = make_batch(rows, 8)
+            shaping_step = step(data, cached_metadata(metadata, 8))
+            times = {}
+            for threads in (default, 1):
+                torch.set_num_threads(threads)
+                times[threads] = timeit(shaping_step, 21)
+            torch.set_num_threads(default)
+            report(f"{rows} rows, groups of 8", times[default] * 1e3, times[1] * 1e3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default="reference,metadata,threads")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the reference/metadata runs")
+    parser.add_argument("--sizes", default="8192,65536,524288")
+    parser.add_argument("--allocator", choices=("warm", "trl", "cold"), default="warm")
+    parser.add_argument("--busy", type=int, default=2, help="spinning processes of the threads section")
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    {"warm": warm_allocator, "trl": trl_steps, "cold": lambda: None}[args.allocator]()
+    print(f"# allocator: {args.allocator}; torch default threads: {torch.get_num_threads()}")
+    sections = args.sections.split(",")
+    if "threads" in sections:
+        threads_section([size for size in sizes if size <= 65_536], args.busy)
+    torch.set_num_threads(args.threads)
+    if "reference" in sections:
+        reference_section(sizes)
+    if "metadata" in sections:
+        metadata_section(sizes)
 
 
 if __name__ == "__main__":

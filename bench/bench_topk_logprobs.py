@@ -1,4 +1,4 @@
-"""Trainer-side top-k logprobs vs the sampled-token path: extra peak memory and time (issue 7, decisions.md §5.4).
+"""Trainer-side top-k logprobs vs the sampled-token path: extra peak memory and time (issue 7, docs/reference/score-centering.md §5.4).
 
 Vocabulary 151,936, hidden 896, 4,096 tokens, fp32, forward + backward (gradients to hidden states and
 weight). Measured: ``policy_logprobs_at_sampler_topk`` with K = 16, 64, 256 head ids. Baseline: the same

@@ -1,4 +1,4 @@
-"""Flat extraction of the sampler head vs the per-position Python walk (issue 7, decisions.md §5.2).
+"""Flat extraction of the sampler head vs the per-position Python walk (issue 7, docs/reference/score-centering.md §5.2).
 
 T = 32,768 generated positions, K = 128 candidates, built with vLLM's own
 ``append_logprobs_for_next_position`` (the engine's code path). Measured: the vectorized extractor on

@@ -1,4 +1,4 @@
-"""Shared fixtures: the embedded model built once per cache (no Hub, decisions.md §1)."""
+"""Shared fixtures: the embedded model built once per cache (no Hub, docs/reference/product.md §1)."""
 
 from __future__ import annotations
 

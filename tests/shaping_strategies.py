@@ -1,10 +1,11 @@
-"""Hypothesis strategies for random shaping batches and configs (every key of decisions.md §2.1)."""
+"""Hypothesis strategies for random shaping batches and configs (every key of docs/reference/length-penalties.md §2.1)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import torch
 from hypothesis import strategies as st
 
 BINARY = [0.0] * 5 + [1.0] * 7 + [1 - 5e-7, 1 + 2e-7, 4e-7, -3e-7]
@@ -173,3 +174,85 @@ def shaping_batch(draw, uniform=None, shared_metadata=False):
     if noisy and draw(st.booleans()):
         multi = draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
     return rewards, group_index, reasoning, answer, agents, metadata, multi
+
+
+class Opaque:
+    """An object no metadata parser knows."""
+
+
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.just(10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.sampled_from([np.int32(4), np.float32(2.5), np.float64(7.0), np.bool_(True), np.float64("nan")]),
+    st.sampled_from([torch.tensor(3), torch.tensor(1.5), torch.tensor(True), np.array(6.0)]),
+    st.just(Opaque()),
+)
+_numbers = st.one_of(
+    st.lists(_scalar, max_size=5),
+    st.lists(st.integers(-5, 60), max_size=6).map(lambda xs: np.array(xs, dtype=np.int64)),
+    st.lists(st.floats(-5, 60), max_size=6).map(lambda xs: torch.tensor(xs, dtype=torch.float64)),
+    st.lists(st.integers(0, 60), max_size=6).map(tuple),
+    st.just(np.zeros((2, 2))),
+)
+_block = st.one_of(
+    _scalar,
+    _numbers,
+    st.fixed_dictionaries({}, optional={key: st.one_of(_scalar, _numbers) for key in ("a", "b", "f", "x")}),
+    valid_band(),
+)
+_band = st.one_of(
+    _scalar,
+    _numbers,
+    st.dictionaries(st.sampled_from([*CHANNEL_NAMES, "Total", "all", "answer "]), _block, max_size=4),
+)
+
+
+_length = st.one_of(
+    st.integers(0, 60),
+    st.integers(-3, -1),
+    st.sampled_from([2**53 + 2, 2**70, 1e300, np.int64(9), np.float32(12.0), torch.tensor(15), np.array(8)]),
+    st.sampled_from([1.5, True, None, "7"]),
+)
+_reward = st.one_of(
+    st.sampled_from([0, 1, 1, 1.0, True, False, np.int8(1), torch.tensor(1.0), 0.5, -1]), _scalar
+)
+
+
+@st.composite
+def _profile(draw):
+    """Equal-length profiled lists (sometimes as numpy arrays or tensors) of near-valid numbers."""
+    n = draw(st.integers(0, 5))
+    rewards = draw(st.lists(_reward, min_size=n, max_size=n))
+    lengths = draw(st.lists(_length, min_size=n, max_size=n))
+    container = draw(st.sampled_from(["list", "list", "tuple", "numpy", "tensor"]))
+    if container == "tuple":
+        return tuple(rewards), tuple(lengths)
+    plain = all(isinstance(x, int) and not isinstance(x, bool) and abs(x) < 2**53 for x in lengths)
+    if container == "numpy" and plain:
+        return np.array([1] * n), np.array(lengths, dtype=np.int64)
+    if container == "tensor" and plain:
+        return torch.ones(n), torch.tensor(lengths, dtype=torch.float64)
+    return rewards, lengths
+
+
+@st.composite
+def wild_metadata_entry(draw):
+    """Any per-row metadata object: valid entries, near-misses (numpy/tensor numbers, wrong channel names,
+    negative or absurd lengths) and garbage of every type (issue 11's fuzzing)."""
+    kind = draw(st.sampled_from(["valid", "near", "near", "near", "garbage"]))
+    if kind == "valid":
+        return draw(metadata_entry(40, "mixed"))
+    if kind == "garbage":
+        return draw(st.one_of(_scalar, _numbers, st.dictionaries(st.text(max_size=4), _scalar, max_size=3)))
+    entry = {}
+    if draw(st.booleans()):
+        entry["profiled_rewards"], entry["profiled_output_lengths"] = draw(_profile())
+    elif draw(st.booleans()):
+        entry["profiled_rewards"], entry["profiled_output_lengths"] = draw(_numbers), draw(_numbers)
+    if draw(st.booleans()):
+        entry["profile_band"] = draw(_band)
+    return entry

@@ -1,4 +1,4 @@
-"""decisions.md §1.2: the core imports with only torch, numpy and pydantic installed."""
+"""docs/reference/product.md §1.2: the core imports with only torch, numpy and pydantic installed."""
 
 from __future__ import annotations
 

@@ -16,9 +16,35 @@ from trl_length_plugin.embedded import (
     make_task_dataset,
     score_completion,
 )
+from trl_length_plugin.embedded.model import _chat_corpus
 from trl_length_plugin.embedded.task import make_completion, make_problem
 
 TEXT = "<think>3 + 4 hmm, hmm, so 7</think>7"
+#: task text as the trainer sees it (chat template, special tokens, two-digit answers) and a little more
+TASK_TEXTS = [*_chat_corpus(64, seed=11), "<think>12 + 5 hmm, so 17</think>17", " héllo  wörld\n\n 123 "]
+
+
+def assert_same_tokenizer(loaded, trained):
+    """Same ids, text and special tokens as the trained tokenizer on the task's text."""
+    for text in TASK_TEXTS:
+        ids = trained.encode(text, add_special_tokens=False)
+        assert loaded.encode(text, add_special_tokens=False) == ids, text
+        assert loaded.encode(text) == ids, text  # no BOS/EOS added either
+        assert loaded.decode(ids) == trained.decode(ids) == text
+        assert loaded.decode(ids, skip_special_tokens=True) == trained.decode(ids, skip_special_tokens=True)
+    assert (loaded.eos_token_id, loaded.pad_token_id, loaded.bos_token, loaded.unk_token) == (
+        2,
+        3,
+        None,
+        None,
+    )
+    assert loaded.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>"]) == [0, 1]
+    assert len(loaded) == len(trained) and loaded.padding_side == "left"
+    chat = [{"role": "user", "content": "What is 9 + 8?"}]
+    assert (
+        loaded.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
+        == (trained.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"])
+    )
 
 
 def test_tokenizer_round_trip_keeps_ids(tmp_path):
@@ -34,6 +60,70 @@ def test_tokenizer_round_trip_keeps_ids(tmp_path):
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
     )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_every_transformers_loader_gives_the_trained_ids(random_model_dir):
+    """AutoTokenizer builds a Qwen2Tokenizer for any qwen2 directory and rebuilds its pre-tokenizer from
+    the class; the embedded tokenizer is trained with that pipeline, so every loader agrees."""
+    import tokenizers
+    from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerFast
+
+    trained = build_tokenizer(seed=0)
+    auto = AutoTokenizer.from_pretrained(random_model_dir)
+    assert type(auto).__name__ == "Qwen2Tokenizer"
+    for loaded in (
+        auto,
+        PreTrainedTokenizerFast.from_pretrained(random_model_dir),  # reads tokenizer.json as saved
+        AutoProcessor.from_pretrained(random_model_dir, padding_side="left"),  # GRPOTrainer(model=path)
+        load_tokenizer(random_model_dir),
+    ):
+        assert_same_tokenizer(loaded, trained)
+    raw = tokenizers.Tokenizer.from_file(str(random_model_dir / "tokenizer.json"))
+    for text in TASK_TEXTS:
+        assert raw.encode(text, add_special_tokens=False).ids == trained.encode(
+            text, add_special_tokens=False
+        )
+
+
+@pytest.mark.slow
+def test_vllm_and_verl_loaders_give_the_trained_ids(random_model_dir):
+    vllm_tokenizers = pytest.importorskip("vllm.tokenizers")
+    verl_tokenizer = pytest.importorskip("verl.utils.tokenizer")
+
+    trained = build_tokenizer(seed=0)
+    assert_same_tokenizer(vllm_tokenizers.get_tokenizer(str(random_model_dir)), trained)
+    assert_same_tokenizer(verl_tokenizer.hf_tokenizer(str(random_model_dir)), trained)
+
+
+@pytest.mark.slow
+def test_grpo_trainer_from_the_path_alone_gives_the_explicit_tokenizers_reward(tiny_model_dir, tmp_path):
+    """``GRPOTrainer(model=path)`` (so ``trl grpo --model_name_or_path``) loads its own tokenizer: one
+    real step gives the same prompts, completions and reward as with the tokenizer passed explicitly."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_length_plugin.embedded import CPU_RUN_ARGS
+
+    def one_step(**tokenizer):
+        args = GRPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=4,
+            max_completion_length=48, max_steps=1, seed=0, **CPU_RUN_ARGS,
+        )  # fmt: skip
+        trainer = GRPOTrainer(
+            model=str(tiny_model_dir),
+            reward_funcs=[correctness_reward],
+            args=args,
+            train_dataset=make_task_dataset(16),
+            **tokenizer,
+        )
+        trainer.train()
+        return trainer, trainer.state.log_history[0]
+
+    alone, alone_log = one_step()
+    explicit, explicit_log = one_step(processing_class=build_tokenizer(seed=0))
+    assert_same_tokenizer(alone.processing_class, explicit.processing_class)
+    assert 0 < alone_log["rewards/correctness_reward/mean"] < 1
+    for key in ("rewards/correctness_reward/mean", "completions/mean_length", "loss"):
+        assert alone_log[key] == explicit_log[key], key
 
 
 def test_build_is_deterministic_by_seed():

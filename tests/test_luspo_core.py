@@ -1,4 +1,4 @@
-"""Core LUSPO loss (decisions.md §4.1): values, gradients, split invariance, against a float64 loop reference."""
+"""Core LUSPO loss (docs/reference/luspo.md §4.1): values, gradients, split invariance, against a float64 loop reference."""
 
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def test_data_parallel_split_invariance():
 
 
 def test_core_imports_without_hosts():
-    """decisions.md §1.2: the core needs only torch (trl, verl, transformers blocked from importing)."""
+    """docs/reference/product.md §1.2: the core needs only torch (trl, verl, transformers blocked from importing)."""
     code = (
         "import sys\n"
         "for name in ('trl', 'verl', 'transformers', 'vllm'): sys.modules[name] = None\n"

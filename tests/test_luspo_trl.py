@@ -1,10 +1,9 @@
-"""TRL side of LUSPO (decisions.md §4.3): the ``luspo: true`` defaults, and parity of the core ``luspo_loss``
+"""TRL side of LUSPO (docs/reference/luspo.md §4.3): the ``luspo: true`` defaults, and parity of the core ``luspo_loss``
 with TRL 1.16's native ``loss_type="luspo"`` on real training steps of the embedded model."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ trl = pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from trl_length_plugin.losses.luspo import luspo_loss  # noqa: E402
+from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 from trl_length_plugin.trl_integration.luspo import apply_luspo_defaults  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def test_conflicting_loss_type_is_rejected():
 
 
 def test_importance_sampling_level_other_than_sequence_is_rejected():
-    """LUSPO needs s_i (decisions.md §4.1); GRPOConfig's default ``token`` counts as not set and is replaced."""
+    """LUSPO needs s_i (docs/reference/luspo.md §4.1); GRPOConfig's default ``token`` counts as not set and is replaced."""
     with pytest.raises(ValueError, match="importance_sampling_level='sequences'"):
         apply_luspo_defaults(grpo_defaults(importance_sampling_level="sequences"))
     args = grpo_defaults(importance_sampling_level="token")
@@ -108,7 +108,7 @@ class ParityTrainer(GRPOTrainer):
             logps, old, inputs["advantages"], mask, self.epsilon_low, self.epsilon_high
         )
         if self.beta != 0.0:
-            # decisions.md §4.1: per-token KL summed per sequence and divided by N_seq like the policy term
+            # docs/reference/luspo.md §4.1: per-token KL summed per sequence and divided by N_seq like the policy term
             # (TRL's k3 estimator with its default bias correction by the sequence ratio).
             ref = inputs["ref_per_token_logps"]
             seq_ratio = torch.exp(
@@ -178,7 +178,7 @@ def test_core_equals_trl_native_luspo(tiny_model_dir, tmp_path, beta):
     assert any(r["clipped"] > 0 for r in records[2:])
 
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "trl"
+RECIPES = RECIPES_DIR / "trl"
 
 
 def parse_recipe(name, *flags):
@@ -204,7 +204,7 @@ def test_gpu_recipes_are_twins_that_differ_only_in_the_loss():
 
 @pytest.mark.slow
 def test_cpu_recipe_trains_with_luspo(tmp_path):
-    """One step of recipes/trl/luspo_cpu.yaml through the plugin's console command."""
+    """One step of recipe luspo_cpu through the command line's parse_args and run."""
     from trl_length_plugin.cli import parse_args, run
 
     parsed = parse_args(

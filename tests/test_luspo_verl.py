@@ -1,4 +1,4 @@
-"""verl policy loss ``luspo`` (decisions.md §4.1, §4.3) through verl 0.9.1's real registry, call site and config.
+"""verl policy loss ``luspo`` (docs/reference/luspo.md §4.1, §4.3) through verl 0.9.1's real registry, call site and config.
 
 The actor config comes from the LUSPO recipe composed with verl's own Hydra config; the loss runs through the
 worker-side ``verl.workers.utils.losses.ppo_loss`` on a TensorDict converted by verl's ``left_right_2_no_padding``
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,9 +29,9 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 import verl_adapter.luspo as adapter  # noqa: E402
 from tests.verl_length_helpers import compose_verl, recipe_overrides  # noqa: E402
 from trl_length_plugin.losses.luspo import luspo_loss  # noqa: E402
+from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = {name: REPO / "recipes" / "verl" / f"{name}_qwen2.5-0.5b.sh" for name in ("luspo", "gspo")}
+RECIPES = {name: RECIPES_DIR / "verl" / f"{name}_qwen2.5-0.5b.sh" for name in ("luspo", "gspo")}
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +227,7 @@ def test_worker_ppo_loss_equals_core(composed, with_weights):
 
 @pytest.mark.parametrize("with_weights", [False, True])
 def test_equals_verl_gspo_with_seq_mean_token_sum(composed, with_weights):
-    """LUSPO = GSPO's per-token losses under verl's own ``seq-mean-token-sum`` (host-verl.md §1), weights included."""
+    """LUSPO = GSPO's per-token losses under verl's own ``seq-mean-token-sum`` (docs/luspo.md), weights included."""
     policy = TinyPolicy()
     batch = padded_batch(policy, seed=1)
     luspo = actor_config(composed["luspo"])
@@ -284,7 +283,7 @@ def test_version_check_names_the_supported_version(monkeypatch):
 
 def test_kl_loss_needs_seq_mean_token_sum_at_startup(composed):
     """The V1 trainer (as verl's TaskRunner builds it, before any worker) refuses ``use_kl_loss`` with an
-    aggregation other than LUSPO's: verl aggregates the KL term with ``actor.loss_agg_mode`` (decisions.md §4.1)."""
+    aggregation other than LUSPO's: verl aggregates the KL term with ``actor.loss_agg_mode`` (docs/reference/luspo.md §4.1)."""
     from verl.trainer.ppo.v1 import get_trainer_cls
 
     config = OmegaConf.create(OmegaConf.to_container(composed["luspo"], resolve=False))

@@ -1,4 +1,4 @@
-"""compute_score_centering_term against the table of score-centering.md (decisions.md §5.1).
+"""compute_score_centering_term against the table of score-centering.md (docs/reference/score-centering.md §5.1).
 
 The reference below is written separately, loop by loop in float64 from the document's table; it returns C,
 the head mass and the stop-gradient coefficients m(v) - alpha p(v), which are exactly dC / d log p(v).

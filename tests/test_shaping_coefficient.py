@@ -1,4 +1,4 @@
-"""The length coefficient (decisions.md §3.1-3.2), its group normalization and filter (§3.3) and the
+"""The length coefficient (docs/reference/length-coefficient.md §3.1-3.2), its group normalization and filter (§3.3) and the
 per-rollout ``Length penalty:`` log line (§3.4), with hand-computed values.
 
 Host parity of the normalization (TRL's and verl's own advantage code) is tested by the adapters.

@@ -1,4 +1,4 @@
-"""The typed ``length_penalty`` block: every rejection rule of decisions.md §2.1 names its key path,
+"""The typed ``length_penalty`` block: every rejection rule of docs/reference/length-penalties.md §2.1 names its key path,
 per-agent merging (§2.3), implicit global-band channels (§2.12), YAML loading."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def rejected(config: dict) -> str:
 
 
 def test_defaults_cover_every_documented_key():
-    """decisions.md §2.1: the document's keys plus pass-rate weight and the four gate keys."""
+    """docs/reference/length-penalties.md §2.1: the document's keys plus pass-rate weight and the four gate keys."""
     params = LengthPenaltyParams()
     assert params.enabled is True and params.length_type == "tokens" and params.top_percentile == 0.5
     assert params.pass_rate_length_penalty_weight == 0.0
@@ -147,7 +147,7 @@ def test_missing_pyyaml_gives_a_clear_error(tmp_path, monkeypatch):
     ],
 )
 def test_every_rejection_rule_names_the_key_path(config, path):
-    """decisions.md §2.1: rejected at load time, the error names the offending key path."""
+    """docs/reference/length-penalties.md §2.1: rejected at load time, the error names the offending key path."""
     assert re.search(path, rejected(config))
 
 
@@ -182,7 +182,7 @@ def test_no_overrides_means_no_warning(caplog):
 
 
 def test_global_band_channels_are_enabled_unless_default_sets_the_flag():
-    """decisions.md §2.12: defaults channels on; an explicit default flag or an override wins."""
+    """docs/reference/length-penalties.md §2.12: defaults channels on; an explicit default flag or an override wins."""
     band = {"a": 10, "b": 20, "f": 0.5}
     config = LengthPenaltyConfig.model_validate(
         {
@@ -217,7 +217,7 @@ def test_any_enabled():
 
 
 def test_core_imports_without_hosts():
-    """decisions.md §1.2: the shaping core pulls in no trainer, engine or YAML library."""
+    """docs/reference/product.md §1.2: the shaping core pulls in no trainer, engine or YAML library."""
     code = (
         "import sys, trl_length_plugin.shaping; "
         "print(sorted(m for m in ('trl', 'verl', 'transformers', 'vllm', 'deepspeed', 'yaml') if m in sys.modules))"

@@ -1,5 +1,5 @@
 """Hand-computed values for every example of ``length-penalties.md`` and each algorithm's edge cases
-(decisions.md §2)."""
+(docs/reference/length-penalties.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reasoning / answer / total lengths of completions (decisions.md §2.5), with the embedded tokenizer."""
+"""Reasoning / answer / total lengths of completions (docs/reference/length-penalties.md §2.5), with the embedded tokenizer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Invariants of the group length shaping on random batches (decisions.md §2.4, §2.6, §2.7)."""
+"""Invariants of the group length shaping on random batches (docs/reference/length-penalties.md §2.4, §2.6, §2.7)."""
 
 from __future__ import annotations
 

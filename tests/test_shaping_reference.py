@@ -1,7 +1,7 @@
 """The vectorized engine agrees with the per-group float64 loop reference to 1e-9 on random batches.
 
 Covers ragged and non-adjacent groups, ties, empty channels, all-wrong/all-right and single-positive
-groups, missing and malformed metadata, non-binary groups and every config key (decisions.md §2-3).
+groups, missing and malformed metadata, non-binary groups and every config key (docs/reference/length-penalties.md §2-3).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.shaping_reference import (
     reference_keep,
     reference_penalties,
 )
-from tests.shaping_strategies import config_dict, shaping_batch
+from tests.shaping_strategies import config_dict, shaping_batch, wild_metadata_entry
 from trl_length_plugin.shaping import (
     LengthPenaltyConfig,
     RolloutBatch,
@@ -145,3 +145,38 @@ def test_float32_batch_matches_reference():
     expected, _, _ = reference_penalties(rewards.tolist(), groups, lengths, [0] * 8, cfg)
     assert result.rewards.dtype == torch.float32
     assert torch.equal(result.rewards, torch.tensor(expected, dtype=torch.float64).float())
+
+
+@settings(SETTINGS, max_examples=600)
+@given(
+    batch=shaping_batch(shared_metadata=True),
+    config=config_dict(),
+    entries=st.lists(wild_metadata_entry(), min_size=1, max_size=6),
+    reads=st.booleans(),
+)
+def test_arbitrary_metadata_objects_match_reference(batch, config, entries, reads):
+    """Any per-row metadata object (numpy/tensor numbers, wrong channel names, negative or absurd lengths,
+    garbage): no exception, the reference's rewards and metrics (the invalid-metadata fraction counts what
+    was ignored), and the groups with well-formed metadata shaped as without the garbage."""
+    logging.getLogger("trl_length_plugin").setLevel(logging.ERROR)
+    rewards, group_index, reasoning, answer, agents, _, multi = batch
+    keys = list(dict.fromkeys(group_index))
+    per_group = {key: entries[i % len(entries)] for i, key in enumerate(keys)}
+    metadata = [per_group[key] for key in group_index]
+    if reads:  # the default agent reads every part of the metadata
+        config = {**config, "default": {**config["default"], "profiled_length_penalty": 0.2}}
+        config["default"].update(
+            profile_band_total=True, group_length_penalty_profile_gate=True, enabled=True
+        )
+        config["default"]["group_total_length_penalty_coeff"] = 0.1
+    cfg = LengthPenaltyConfig.model_validate(config)
+    result = apply_length_penalties(
+        RolloutBatch(rewards, group_index, reasoning, answer, agents, metadata, multi), cfg
+    )
+    expected, metrics, _ = reference_penalties(
+        rewards, group_index, reasoning, answer, cfg, agents, metadata, multi
+    )
+    assert_close(result.rewards.tolist(), expected)
+    assert set(result.metrics) == set(metrics)
+    for key, value in metrics.items():
+        assert_close([result.metrics[key]], [value])

@@ -1,4 +1,4 @@
-"""policy_logprobs_at_sampler_topk against a full-vocabulary log_softmax gather (decisions.md §5.4)."""
+"""policy_logprobs_at_sampler_topk against a full-vocabulary log_softmax gather (docs/reference/score-centering.md §5.4)."""
 
 from __future__ import annotations
 

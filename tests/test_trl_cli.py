@@ -1,8 +1,12 @@
-"""``trl-length-grpo``: a bad recipe exits non-zero before any model loads with a message naming the key;
-every recipe in recipes/trl parses and validates; a CPU recipe trains through the console command."""
+"""``trl-length-grpo`` / ``trl-length grpo`` (docs/reference/product.md §1.3): every error is one line
+``trl-length-grpo: error: ...`` with exit status 2 and no traceback; the plugin's keys are rejected before TRL
+or torch are imported; ``recipe:NAME`` names a shipped recipe; the keys a user wrote count for ``luspo: true``;
+the plugin's log lines appear by default; a CPU recipe trains through the console command."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -11,94 +15,288 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_length_plugin import cli
+from trl_length_plugin import __version__, cli
+from trl_length_plugin.recipes import RECIPES_DIR, trl_recipes
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = sorted((REPO / "recipes" / "trl").glob("*.yaml"))
-CONSOLE = Path(sys.executable).with_name("trl-length-grpo")
+BIN = Path(sys.executable).parent
 MISSING_MODEL = "/nonexistent/model"  # loading it would fail with another message: proves nothing loaded
+ERROR = "trl-length-grpo: error: "
+#: makes TRL, torch and transformers unimportable, then runs the command line
+BLOCKED = (
+    "import sys; sys.modules.update(dict.fromkeys(['trl', 'torch', 'transformers']));"
+    "from trl_length_plugin.commands import main; main()"
+)
 
 
-def write_recipe(tmp_path, **changes) -> Path:
-    recipe = yaml.safe_load((REPO / "recipes" / "trl" / "group_relative_cpu.yaml").read_text())
+@pytest.fixture(autouse=True)
+def _plugin_log_level():
+    """The command line sets the plugin logger's level; put it back for the other tests."""
+    plugin_logger = logging.getLogger("trl_length_plugin")
+    level = plugin_logger.level
+    yield
+    plugin_logger.setLevel(level)
+
+
+def write_recipe(tmp_path, base="group_relative_cpu", **changes) -> Path:
+    recipe = yaml.safe_load((RECIPES_DIR / "trl" / f"{base}.yaml").read_text())
     recipe.update(model_name_or_path=MISSING_MODEL, output_dir=str(tmp_path / "out"), **changes)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
 
 
-BAD = {
-    "unknown key": ({"length_penalty_cof": 1.0}, "length_penalty_cof"),
+def assert_one_error_line(stderr: str, *fragments: str) -> str:
+    """The command's stderr ends in exactly one error line holding ``fragments``, with no traceback (other
+    lines can only be library notices printed while TRL is imported)."""
+    errors = [line for line in stderr.splitlines() if line.startswith(ERROR)]
+    assert len(errors) == 1 and stderr.strip().endswith(errors[0]), stderr[-3000:]
+    assert "Traceback" not in stderr and all(f in errors[0] for f in fragments), stderr[-3000:]
+    return errors[0]
+
+
+# -- before TRL is imported ------------------------------------------------------------------------------
+PRE_IMPORT = {
+    "missing file": (lambda p: ["--config", str(p / "none.yaml")], ["none.yaml", "No such file"]),
+    "unreadable file": (lambda p: ["--config", str(p)], ["cannot read", "Is a directory"]),
+    "--config without a value": (lambda p: ["--config"], ["--config needs a value"]),
+    "--config= without a value": (lambda p: ["--config=", "--max_steps", "1"], ["--config needs a value"]),
+    "YAML syntax": (lambda p: ["--config", yaml_file(p, "a: [1, 2\nb: 3\n")], ["recipe.yaml", "line 2"]),
+    "not a mapping": (lambda p: ["--config", yaml_file(p, "- a\n")], ["recipe.yaml", "a YAML mapping"]),
+    "wrong type": (
+        lambda p: ["--config", yaml_file(p, "length_penalty_coeff: [1, 2]\n")],
+        ["length_penalty_coeff"],
+    ),
+    "NaN flag": (lambda p: ["--length_penalty_coeff=nan"], ["length_penalty_coeff", "finite"]),
+    "fraction for an integer": (
+        lambda p: ["--length_penalty_min_tokens", "1.5"],
+        ["length_penalty_min_tokens"],
+    ),
+    "misspelt plugin key": (
+        lambda p: ["--config", yaml_file(p, "length_penalty_cof: 1.0\n")],
+        ["'length_penalty_cof'", "did you mean 'length_penalty_coeff'"],
+    ),
+    "bad block key": (
+        lambda p: ["--length_penalty", '{"default": {"length_type": "token"}}'],
+        ["length_penalty.default.length_type"],
+    ),
     "bad band": (
-        {
-            "length_penalty": {
-                "profile_band": {"enabled": True, "defaults": {"total": {"a": 20, "b": 10, "f": 0.5}}}
-            }
-        },
-        "profile_band.defaults.total",
+        lambda p: [
+            "--config",
+            yaml_file(
+                p,
+                "length_penalty:\n  profile_band:\n    enabled: true\n    defaults: {total: {a: 20, b: 10, f: 0.5}}\n",
+            ),
+        ],
+        ["length_penalty.profile_band.defaults.total"],
     ),
-    "length_type token": ({"length_penalty": {"default": {"length_type": "token"}}}, "default.length_type"),
-    "unknown penalty key": (
-        {"length_penalty": {"default": {"group_total_coeff": 0.1}}},
-        "default.group_total_coeff",
+    "conflicting reasoning tags": (
+        lambda p: [
+            "--reasoning_tags",
+            "<a>",
+            "</a>",
+            "--length_penalty",
+            '{"reasoning_tags": ["<b>", "</b>"]}',
+        ],
+        ["reasoning_tags", "disagrees"],
     ),
-    "bad reward path": ({"reward_funcs": ["trl_length_plugin.embedded.no_such_reward"]}, "no_such_reward"),
+    "plugin key of a wrong type": (lambda p: ["--luspo", "maybe"], ["luspo"]),
+    "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
+    "valid keys, then TRL missing": (
+        lambda p: ["--config", "recipe:coefficient_cpu"],
+        ["'trl' is needed", "pip install 'trl-length-plugin[trl]'"],
+    ),
 }
 
 
-@pytest.mark.parametrize("case", list(BAD))
-def test_bad_recipe_fails_before_model_load(case, tmp_path):
-    changes, key = BAD[case]
-    with pytest.raises(SystemExit) as exit_info:
-        cli.parse_args(["--config", str(write_recipe(tmp_path, **changes))])
-    message = str(exit_info.value.code)
-    assert key in message and MISSING_MODEL not in message
+def yaml_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return str(path)
 
 
-def test_bad_flag_fails(tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.parse_args(["--config", str(write_recipe(tmp_path)), "--length_penalty", '{"default": {"x": 1}}'])
-    assert "default.x" in str(exit_info.value.code)
-
-
-def test_console_command_exits_nonzero_naming_the_key(tmp_path):
-    recipe = write_recipe(tmp_path, length_penalty={"default": {"length_type": "token"}})
+@pytest.mark.parametrize("case", list(PRE_IMPORT))
+def test_errors_before_trl_is_imported_are_one_line(case, tmp_path):
+    """Run with TRL, torch and transformers unimportable: each error still names its key or file."""
+    argv, fragments = PRE_IMPORT[case]
     done = subprocess.run(
-        [str(CONSOLE), "--config", str(recipe)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", BLOCKED, "grpo", *argv(tmp_path)], capture_output=True, text=True, timeout=60
     )
-    assert done.returncode != 0
-    assert "default.length_type" in done.stderr and "Traceback" not in done.stderr
+    assert done.returncode == 2
+    assert len(done.stderr.splitlines()) == 1
+    assert_one_error_line(done.stderr, *fragments)
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_every_recipe_parses(recipe, tmp_path):
+# -- after TRL is imported (in this process) ---------------------------------------------------------------
+POST_IMPORT = {
+    "unknown TRL key": (
+        {"learning_rat": 1.0},
+        [],
+        ["'learning_rat'", "did you mean 'learning_rate'", "recipe.yaml"],
+    ),
+    "unknown flag": ({}, ["--no_such_flag", "1"], ["'no_such_flag'", "on the command line"]),
+    "flag of a wrong type": ({}, ["--num_generations", "four"], ["--num_generations", "invalid int value"]),
+    "TRL config check": ({}, ["--num_generations", "3"], ["num_generations"]),
+    "TRL key of a wrong type": ({"learning_rate": [1, 2]}, [], ["learning_rate: [1, 2] is not a number"]),
+    "fraction for a TRL integer": ({"num_generations": 4.5}, [], ["num_generations: 4.5 is not an integer"]),
+    "bad reward path": (
+        {"reward_funcs": ["trl_length_plugin.embedded.no_such_reward"]},
+        [],
+        ["no_such_reward"],
+    ),
+    "luspo against loss_type": (
+        {"luspo": True, "loss_type": "dapo"},
+        [],
+        ["luspo: true conflicts", "'dapo'"],
+    ),
+    "luspo against a flag": ({"luspo": True}, ["--importance_sampling_level", "token"], ["'token'"]),
+    "trainer check: correctness_reward": (
+        {"correctness_reward": "nope"},
+        [],
+        ["correctness_reward", "'nope'"],
+    ),
+    "trainer check: reward column": (
+        {"reward_funcs": ["tests.test_trl_cli.length_penalty"], "correctness_reward": None},
+        [],
+        ["'length_penalty'"],
+    ),
+}
+
+
+def length_penalty(prompts, **kwargs):
+    """A reward function named like the plugin's own column (rejected by the trainer)."""
+    return [0.0] * len(prompts)
+
+
+@pytest.mark.parametrize("case", list(POST_IMPORT))
+def test_errors_after_trl_is_imported_are_one_line(case, tmp_path, capsys):
+    changes, flags, fragments = POST_IMPORT[case]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--config", str(write_recipe(tmp_path, **changes)), *flags])
+    assert exit_info.value.code == 2
+    line = assert_one_error_line(capsys.readouterr().err, *fragments)
+    assert MISSING_MODEL not in line
+
+
+def test_console_command_reports_a_trainer_check_in_one_line(tmp_path):
+    """The real command: the trainer's check fails before the model loads, as one line with no traceback."""
+    recipe = write_recipe(tmp_path, correctness_reward="nope")
+    done = subprocess.run(
+        [str(BIN / "trl-length-grpo"), "--config", str(recipe)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2
+    assert_one_error_line(done.stderr, "correctness_reward: 'nope' matches no reward functions")
+
+
+def test_only_the_plugins_own_checks_become_one_line():
+    """Errors raised inside TRL, a model or training keep their traceback."""
+    with pytest.raises(ValueError) as plugin_error:
+        cli.resolve_config("recipe:nope")
+    with pytest.raises(ValueError) as other_error:
+        int("x")
+    assert cli.raised_by_plugin(plugin_error.value) and not cli.raised_by_plugin(other_error.value)
+
+
+def test_plugin_keys_are_the_configs_own_keys():
+    """The keys checked before TRL is imported are exactly what LengthPluginGRPOConfig adds to GRPOConfig."""
+    from trl import GRPOConfig
+
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
+
+    added = {f.name for f in dataclasses.fields(LengthPluginGRPOConfig)} - {
+        f.name for f in dataclasses.fields(GRPOConfig)
+    }
+    assert added == set(cli.PLUGIN_KEYS)
+
+
+# -- what the command does ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", [["trl-length-grpo"], ["trl-length", "grpo"], ["trl-length"]])
+def test_version(command):
+    done = subprocess.run([str(BIN / command[0]), *command[1:], "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip().endswith(f" {__version__}")
+
+
+def test_help_says_a_length_penalty_flag_replaces_the_block(capsys):
+    cli.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--length_penalty flag replaces the recipe's whole length_penalty block" in help_text
+    assert "recipe:NAME" in help_text and "--length_penalty_coeff" in help_text
+    assert (
+        f"ship with the package: {cli.DOCS}" in help_text
+        and (cli.DOCS / "reference" / "product.md").is_file()
+    )
+
+
+def test_length_penalty_flag_replacing_the_block_is_logged(tmp_path, caplog):
+    recipe = write_recipe(tmp_path)  # its block: default.group_total_length_penalty_coeff
+    with caplog.at_level(logging.WARNING, "trl_length_plugin"):
+        training_args = cli.parse_args(
+            ["--config", str(recipe), "--length_penalty", '{"default": {"total_bonus": 0.1}}']
+        )[1]
+    assert training_args.length_penalty == {"default": {"total_bonus": 0.1}}
+    (record,) = [r for r in caplog.records if "replaces" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "recipe.yaml (default)" in record.getMessage()
+
+
+@pytest.mark.parametrize("where", ["recipe", "flag"])
+def test_luspo_keeps_what_the_user_wrote(where, tmp_path):
+    """``epsilon: 0.2`` equals TRL's default, yet it was written, so ``luspo: true`` keeps it."""
+    changes = {"epsilon": 0.2} if where == "recipe" else {}
+    flags = ["--epsilon", "0.2"] if where == "flag" else []
+    args = cli.parse_args(["--config", str(write_recipe(tmp_path, base="luspo_cpu", **changes)), *flags])[1]
+    assert (args.loss_type, args.epsilon, args.epsilon_high) == ("luspo", 0.2, 2.5e-3)
+
+
+def test_log_level_defaults_to_info_unless_written(tmp_path):
+    recipe = str(write_recipe(tmp_path))
+    assert cli.parse_args(["--config", recipe])[1].log_level == "info"
+    assert cli.parse_args(["--config", recipe, "--log_level", "warning"])[1].log_level == "warning"
+
+
+@pytest.mark.parametrize("name", list(trl_recipes()))
+def test_every_recipe_parses_by_name(name, tmp_path):
     cpu = ["--bf16", "false", "--use_cpu", "true"]  # the GPU recipes ask for bf16, which this machine lacks
-    parsed = cli.parse_args(["--config", str(recipe), "--output_dir", str(tmp_path), *cpu])
+    parsed = cli.parse_args([f"--config=recipe:{name}", "--output_dir", str(tmp_path), *cpu])
     script_args, training_args = parsed[0], parsed[1]
     assert script_args.reward_funcs and training_args.output_dir == str(tmp_path)
 
 
+def test_recipes_subcommand_lists_every_recipe():
+    done = subprocess.run([str(BIN / "trl-length"), "recipes"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  ")]  # TRL: name, path
+    assert {row[0] for row in rows if len(row) == 2} == set(trl_recipes())
+    assert all(Path(row[-1]).is_file() for row in rows) and any(row[-1].endswith(".sh") for row in rows)
+
+
 @pytest.mark.slow
-def test_cpu_recipe_trains_through_the_console_command(tmp_path):
+def test_cpu_recipe_trains_through_the_console_command_and_logs(tmp_path):
+    """One short step of ``recipe:coefficient_cpu``: the plugin's settings line and the per-rollout
+    ``Length penalty:`` lines appear on stderr with no logging set up."""
     out = tmp_path / "run"
-    recipe = REPO / "recipes" / "trl" / "coefficient_cpu.yaml"
+    small = ["--max_steps", "1", "--dataset_size", "8", "--per_device_train_batch_size", "4"]
     flags = [
-        "--max_steps",
-        "2",
+        *small,
+        "--max_completion_length",
+        "16",
+        "--length_penalty_coeff_warmup_steps",
+        "0",
         "--output_dir",
         str(out),
         "--length_penalty",
         '{"default": {"total_bonus": 0.1}}',
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [str(CONSOLE), "--config", str(recipe), *flags],
+        [str(BIN / "trl-length-grpo"), "--config", "recipe:coefficient_cpu", *flags],
         capture_output=True,
         text=True,
-        timeout=300,
-        env=env,
-        cwd=REPO,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert (out / "model.safetensors").exists() and (out / "length_curves.png").exists()
     assert "length_penalty/coeff" in done.stdout and "length_penalty/adjusted_frac" in done.stdout
+    settings = "[INFO|trl_length_plugin] trl-length-plugin: length shaping: group penalties (total_bonus); "
+    assert settings + "length coefficient 1" in done.stderr
+    penalty_lines = [line for line in done.stderr.splitlines() if "] Length penalty: session_id=" in line]
+    assert len(penalty_lines) == 4  # one per rollout: 1 prompt x 4 generations

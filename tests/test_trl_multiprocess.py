@@ -1,9 +1,9 @@
 """Two processes (torchrun, gloo) with prompt groups split across ranks give the same shaped rewards,
-advantages and loss masks as one process on the same global batch (decisions.md §2.2, §3.3), and so does
+advantages and loss masks as one process on the same global batch (docs/reference/length-penalties.md §2.2, §3.3), and so does
 the reward wrapper on the stock trainer, which gathers across processes itself.
 
 TRL splits a group across ranks when ``per_device_train_batch_size * steps_per_generation`` is not a
-multiple of ``num_generations`` (host-trl.md §2.3): here 6 rows per rank and groups of 4, so the second
+multiple of ``num_generations`` (docs/trl.md, "How it hooks into TRL"): here 6 rows per rank and groups of 4, so the second
 group has two rows on each rank. Completions come from a deterministic TRL ``rollout_func`` (the model's
 own sampling differs between one and two processes, so it cannot give the same global batch); prompts
 come from TRL's sampler and everything after generation is the real trainer.

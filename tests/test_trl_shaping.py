@@ -1,8 +1,13 @@
 """LengthPluginGRPOTrainer on the real GRPOTrainer (trl 1.16, CPU, embedded model): every length algorithm
 and the coefficient switched on through the config give, in a real training step, the engine's output
-for the same gathered batch, and the logged metrics match (decisions.md §2.2-2.5, §2.14-2.15, §3)."""
+for the same gathered batch, and the logged metrics match (docs/reference/length-penalties.md §2.2-2.5, §2.14-2.15, §3)."""
 
 from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,8 +22,10 @@ from tests.trl_length_helpers import (
 )
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.shaping import METRIC_KEYS
+from trl_length_plugin.shaping import metadata as metadata_module
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
 from trl_length_plugin.trl_integration import _host as host
+from trl_length_plugin.trl_integration.trainer import resolve_correctness
 
 BAND = {"total": {"a": 14.0, "b": 30.0, "f": 0.5}}
 
@@ -213,7 +220,7 @@ def test_coefficient_normalization_and_filter(loss_type, random_model_dir, tmp_p
 
 @pytest.mark.slow
 def test_coefficient_log_lines(random_model_dir, tmp_path, caplog):
-    """One ``Length penalty:`` INFO line per rollout from the main process (decisions.md §3.4)."""
+    """One ``Length penalty:`` INFO line per rollout from the main process (docs/reference/length-coefficient.md §3.4)."""
     tokenizer = load_tokenizer(random_model_dir)
     args = tiny_config(tmp_path, length_penalty_coeff=0.5)
     trainer = LengthPluginGRPOTrainer(
@@ -257,7 +264,7 @@ def test_warmup_schedule_and_curves(random_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_nested_metadata_warns_at_setup(random_model_dir, tmp_path, caplog):
-    """Metadata nested under ``extra_env_info`` is ignored, with one warning at setup (decisions.md §2.14)."""
+    """Metadata nested under ``extra_env_info`` is ignored, with one warning at setup (docs/reference/length-penalties.md §2.14)."""
     nested = with_columns(make_task_dataset(8), extra_env_info=lambda i: {"profile_band": BAND})
     with caplog.at_level("WARNING", logger="trl_length_plugin"):
         LengthPluginGRPOTrainer(
@@ -391,7 +398,7 @@ def unscorable_first_row(completions, answer, **kwargs):
 
 @pytest.mark.slow
 def test_coefficient_skips_groups_with_an_unscorable_row(random_model_dir, tmp_path):
-    """A group holding a ``None`` correctness reward is skipped whole by the coefficient (decisions.md §2.4),
+    """A group holding a ``None`` correctness reward is skipped whole by the coefficient (docs/reference/length-penalties.md §2.4),
     as verl skips it, and keeps TRL's own advantages (its unscorable row gets 0, the rest TRL's normalization);
     the other groups are still shaped."""
     tokenizer = load_tokenizer(random_model_dir)
@@ -417,3 +424,132 @@ def test_coefficient_skips_groups_with_an_unscorable_row(random_model_dir, tmp_p
         record.output["advantages"][:4].double(), stock.nan_to_num(0.0), rtol=0, atol=1e-6
     )
     assert bool((penalty[8:12] != 0).any())  # the mixed group is still shaped
+
+
+def test_no_reward_source_gives_trls_message(tmp_path):
+    with pytest.raises(ValueError, match="No reward source provided"):
+        LengthPluginGRPOTrainer(
+            model=MISSING_MODEL, reward_funcs=[], args=tiny_config(tmp_path, length_penalty_coeff=1.0)
+        )
+
+
+def test_correctness_reward_may_name_an_environments_reward():
+    """With an ``environment_factory`` the environment's reward columns exist only after TRL's setup, so a
+    name matching no reward function is resolved then (None now), against TRL's column names."""
+    assert resolve_correctness(["format_reward"], "MathEnv", has_environment=True) is None
+    assert resolve_correctness([], None, has_environment=True) is None
+    assert resolve_correctness(["format_reward", "MathEnv"], "MathEnv", has_environment=False) == 1
+    with pytest.raises(ValueError, match="matches no"):
+        resolve_correctness(["format_reward"], "MathEnv", has_environment=False)
+
+
+def test_band_without_any_source_warns_at_setup(tmp_path, caplog):
+    args = tiny_config(tmp_path, length_penalty={"default": {"group_total_length_penalty_coeff": 0.1,
+                                                             "group_length_penalty_profile_gate": True}})  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="trl_length_plugin"), pytest.raises(OSError):
+        LengthPluginGRPOTrainer(model=MISSING_MODEL, reward_funcs=[correctness_reward], args=args,
+                                train_dataset=make_task_dataset(8))  # fmt: skip
+    assert any("no 'profile_band' column" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_metadata_is_parsed_once_per_prompt_across_steps(random_model_dir, tmp_path, monkeypatch, caplog):
+    """Four prompts over four steps: each prompt's metadata is parsed the first time it is seen (the dataset
+    carries a prompt id); prompt 3's malformed band is warned about once and counted on each step it
+    appears in (reference §2.12, §2.14)."""
+    parsed = []
+    original = metadata_module.parse_prompt_metadata
+    monkeypatch.setattr(
+        metadata_module, "parse_prompt_metadata", lambda e: parsed.append(len(e)) or original(e)
+    )
+
+    def band(i):
+        return {"total": {"a": 30.0, "b": 10.0, "f": 0.5} if i == 3 else {"a": 8.0 + i, "b": 30.0, "f": 0.5}}
+
+    dataset = with_columns(make_task_dataset(4), profile_band=band)
+    tokenizer = load_tokenizer(random_model_dir)
+    trainer = RecordingTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[correctness_reward],
+        args=tiny_config(tmp_path, max_steps=4, length_penalty={"default": {"profile_band_total": True}}),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4),
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
+        trainer.train()
+    seen = [sorted({x["length_prompt_id"] for x in record.inputs}) for record in trainer.records]
+    assert sum(parsed) == len({i for ids in seen for i in ids}) < sum(map(len, seen))
+    invalid = [
+        row["length_penalty/invalid_metadata_frac"]
+        for row in trainer.state.log_history
+        if "length_penalty/invalid_metadata_frac" in row
+    ]
+    assert invalid == [0.5 if 3 in ids else 0.0 for ids in seen]
+    assert sum("malformed total metadata" in r.getMessage() for r in caplog.records) == 1
+
+
+def graded_first_group(completions, answer, **kwargs):
+    """A reward model's scores on group 0 (all <= 0, continuous), the binary correctness elsewhere."""
+    scores = correctness_reward(completions, answer, **kwargs)
+    return [-0.5 - 0.25 * i if i < 4 else score for i, score in enumerate(scores)]
+
+
+class KeepsTRLAdvantages(RecordingTrainer):
+    def _apply(self, output, result, rows):
+        self.trl_advantages = output["advantages"].detach().clone()
+        super()._apply(output, result, rows)
+
+
+@pytest.mark.slow
+def test_coefficient_on_a_non_binary_reward_keeps_trls_advantages(random_model_dir, tmp_path, caplog):
+    """A continuous score is skipped by the coefficient with one warning and a metric, and its group keeps
+    TRL's own (non-zero) advantages instead of the all-wrong group's 0 (reference §3.1)."""
+    tokenizer = load_tokenizer(random_model_dir)
+    trainer = KeepsTRLAdvantages(
+        model=str(random_model_dir),
+        reward_funcs=[graded_first_group],
+        args=tiny_config(tmp_path, length_penalty_coeff=1.0),
+        train_dataset=make_task_dataset(16),
+        processing_class=tokenizer,
+        rollout_func=deterministic_rollout(tokenizer, 4, coefficient_plan),
+    )
+    with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
+        trainer.train()
+    (record,) = trainer.records
+    advantages = record.output["advantages"]
+    assert torch.equal(advantages[:4], trainer.trl_advantages[:4]) and bool(advantages[:4].abs().sum() > 0)
+    assert trainer.state.log_history[0]["length_penalty/coeff_skipped_frac"] == 0.5
+    assert sum("non-binary correctness reward" in r.getMessage() for r in caplog.records) == 1
+
+
+LOG_SCRIPT = """
+import sys
+from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer, make_task_dataset
+from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
+model, output, level = sys.argv[1:4]
+extra = {} if level == "default" else {"log_level": level}
+args = LengthPluginGRPOConfig(output_dir=output, per_device_train_batch_size=8, num_generations=4,
+    max_completion_length=16, max_steps=1, length_penalty_coeff=1.0, **CPU_RUN_ARGS, **extra)
+LengthPluginGRPOTrainer(model=model, reward_funcs=[correctness_reward], args=args,
+    train_dataset=make_task_dataset(8), processing_class=load_tokenizer(model)).train()
+"""
+
+
+@pytest.mark.slow
+def test_log_lines_follow_trls_log_level(random_model_dir, tmp_path):
+    """Without any logging setup, the plugin's INFO lines (the settings line, the per-rollout ``Length
+    penalty:`` lines) appear under ``log_level="info"`` and not at TRL's default (warning)."""
+    script = tmp_path / "run.py"
+    script.write_text(LOG_SCRIPT)
+    stderr = {}
+    for level in ("info", "default"):
+        out = subprocess.run(
+            [sys.executable, str(script), str(random_model_dir), str(tmp_path / level), level],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        stderr[level] = out.stderr
+    assert stderr["info"].count("Length penalty: session_id=step0/") == 8
+    assert "trl-length-plugin: length shaping: length coefficient 1" in stderr["info"]
+    assert "Length penalty:" not in stderr["default"]

@@ -1,13 +1,20 @@
 """The reward-wrapper route: ``LengthPenaltyReward`` on TRL's stock ``GRPOTrainer`` gives the same rewards
-as ``LengthPluginGRPOTrainer`` for the group penalties (decisions.md §2.4), the callback delivers the
+as ``LengthPluginGRPOTrainer`` for the group penalties (docs/reference/length-penalties.md §2.4), the callback delivers the
 schedule and keeps evaluation unshaped, and the wrapper's metrics reach TRL's logs.
 
 Completions come from a deterministic TRL ``rollout_func`` so both trainers see the same batch."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from tests.trl_length_helpers import (
     RecordingStockTrainer,
@@ -18,6 +25,8 @@ from tests.trl_length_helpers import (
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.shaping import METRIC_KEYS
 from trl_length_plugin.trl_integration import LengthPenaltyReward, LengthPluginCallback
+
+REPO = Path(__file__).resolve().parents[1]
 
 BLOCK = {
     "default": {
@@ -129,7 +138,7 @@ def unscorable_every_third(completions, answer, **kwargs):
 def test_eval_without_callback_is_unshaped_and_ungrouped(setup, tmp_path):
     """Without the callback the wrapper still sees evaluation (through the calling trainer), never groups
     its rows (groups of ``num_generations_eval``, not ``num_generations``), and keeps unscorable rows ``None``
-    so TRL's eval metrics still treat them as unscorable (decisions.md §2.15)."""
+    so TRL's eval metrics still treat them as unscorable (docs/reference/length-penalties.md §2.15)."""
     tokenizer, common = setup
     wrapper = LengthPenaltyReward(unscorable_every_third, BLOCK, num_generations=4, tokenizer=tokenizer)
     stock = RecordingStockTrainer(
@@ -144,3 +153,94 @@ def test_eval_without_callback_is_unshaped_and_ungrouped(setup, tmp_path):
         unscorable = torch.isnan(correctness)
         assert bool(unscorable.any())
         assert bool(torch.isnan(penalty[unscorable]).all()) and bool((penalty[~unscorable] == 0).all())
+
+
+@pytest.mark.slow
+def test_wrapper_reads_the_trainers_group_size_and_refuses_a_mismatch(setup, tmp_path):
+    """Groups are the trainer's ``num_generations`` (4 here): the wrapper without the argument reads it, and
+    a different value is refused at the first call instead of shaping wrong groups."""
+    tokenizer, common = setup
+    common = {k: v for k, v in common.items() if k != "eval_dataset"}
+    runs = {}
+    for name, size in (("read", None), ("given", 4)):
+        wrapper = LengthPenaltyReward(correctness_reward, BLOCK, num_generations=size, tokenizer=tokenizer)
+        stock = RecordingStockTrainer(
+            reward_funcs=[correctness_reward, wrapper], args=tiny_config(tmp_path / name), **common
+        )
+        stock.train()
+        runs[name] = stock.records[0].rewards_per_func
+    torch.testing.assert_close(runs["read"], runs["given"], rtol=0, atol=0)
+    wrong = LengthPenaltyReward(correctness_reward, BLOCK, num_generations=2, tokenizer=tokenizer)
+    stock = RecordingStockTrainer(
+        reward_funcs=[correctness_reward, wrong], args=tiny_config(tmp_path / "wrong"), **common
+    )
+    with pytest.raises(ValueError, match="num_generations=2 but the trainer's is 4"):
+        stock.train()
+
+
+#: the module of docs/trl.md, "The wrapper route": a module-level wrapper instance for ``--reward_funcs``
+REWARDS_MODULE = """\
+from trl_length_plugin.embedded import correctness_reward, embedded_model_dir, load_tokenizer
+from trl_length_plugin.trl_integration import LengthPenaltyReward
+
+length_penalty = LengthPenaltyReward(
+    correctness_reward,
+    {"default": {"group_total_length_penalty_coeff": 0.1}},
+    tokenizer=load_tokenizer(embedded_model_dir()),
+)
+"""
+
+
+@pytest.mark.slow
+def test_stock_trl_grpo_command_with_the_wrapper(tiny_model_dir, tmp_path):
+    """TRL's own ``trl grpo`` (accelerate launch of trl/scripts/grpo.py), offline, on the embedded model
+    directory and a local JSON Lines dataset, with the wrapper given by dotted path: it trains two steps
+    and logs the wrapper's column and metrics (docs/trl.md, "The wrapper route")."""
+    (tmp_path / "data").mkdir()
+    make_task_dataset(32).to_json(str(tmp_path / "data" / "train.jsonl"))
+    (tmp_path / "length_rewards.py").write_text(REWARDS_MODULE)
+    out = tmp_path / "out"
+    config = dict(
+        model_name_or_path=str(tiny_model_dir),
+        dataset_name="./data",  # a local folder: datasets reads data/train.jsonl as the train split
+        reward_funcs=["trl_length_plugin.embedded.correctness_reward", "length_rewards.length_penalty"],
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=48,
+        max_steps=2,
+        seed=0,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        report_to="none",
+        output_dir=str(out),
+    )
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(config))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("trl")), "grpo", "--config", "grpo.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "Training completed" in done.stdout
+    logs = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    steps = [row for row in logs if "loss" in row]
+    assert len(steps) == 2
+    for row in steps:
+        correctness, penalty = row["rewards/correctness_reward/mean"], row["rewards/length_penalty/mean"]
+        assert row["reward"] == pytest.approx(correctness + penalty, abs=1e-6)
+        assert row["length_penalty/env_reward_mean"] == pytest.approx(correctness)
+        assert abs(penalty) < 1e-6  # group-relative scaling is mean-centred over each group's correct rows
+    assert max(row["length_penalty/adjusted_frac"] for row in steps) > 0
+    assert max(row["rewards/length_penalty/std"] for row in steps) > 0

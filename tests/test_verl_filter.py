@@ -1,4 +1,4 @@
-"""``algorithm.filter_groups`` judged on shaped rewards (decisions.md §3.3) in verl 0.9.1's real replay buffer.
+"""``algorithm.filter_groups`` judged on shaped rewards (docs/reference/length-coefficient.md §3.3) in verl 0.9.1's real replay buffer.
 
 Real: verl's config and trainer registry, the V1 ``ReplayBuffer.sample`` (eviction, classification cache,
 metrics, selection) on a TransferQueue on a local Ray, and the engine. Not run here: rollout generation and
@@ -116,3 +116,29 @@ def test_filter_off_or_shaping_off_keeps_verls_buffer():
     for overrides in (SHAPING, FILTER):
         buffer = make_trainer(overrides).replay_buffer
         assert type(buffer).__module__ == "verl.trainer.ppo.v1.replay_buffer"
+
+
+@pytest.mark.slow
+def test_each_group_is_shaped_once_per_step(store, tokenizer, monkeypatch):
+    """The filter shapes the groups as they finish; the advantage step takes them from there: every rollout
+    goes through the core once, and the advantage step's metrics cover its batch."""
+    from verl_adapter.length_rollouts import RolloutShaper
+
+    shaped_keys = []
+    original = RolloutShaper.shape
+    monkeypatch.setattr(
+        RolloutShaper,
+        "shape",
+        lambda self, fetch, keys: shaped_keys.extend(keys) or original(self, fetch, keys),
+    )
+    clear()
+    keys = put_rollouts(groups(), tokenizer)
+    trainer = make_trainer(SHAPING + FILTER, tokenizer)
+    batch, _ = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=len(KEPT))
+    metrics: dict = {}
+    trainer._compute_advantage(batch, metrics)
+    assert sorted(shaped_keys) == sorted(keys)  # once each: the filter's pass, none in the advantage step
+    assert metrics["length_penalty/env_reward_mean"] == pytest.approx(
+        0.75
+    )  # groups A and D: 1 1 1 1, 1 0 1 0
+    assert not trainer.length_shaper._groups  # handed out or dropped: nothing kept past the step

@@ -1,8 +1,8 @@
-"""verl finds and validates the length shaping on its own (decisions.md §1.3, §2.1, §3).
+"""verl finds and validates the length shaping on its own (docs/reference/product.md §1.3, §2.1, §3).
 
 - In a fresh process a bare ``import verl`` registers everything, through the ``verl.plugins`` entry point.
-- The recipes under ``recipes/verl/`` compose with verl's own Hydra config, pass verl's config validation
-  and the trainer's startup validation.
+- The recipes under ``trl_length_plugin/recipes/verl/`` compose with verl's own Hydra config, pass verl's config
+  validation and the trainer's startup validation.
 - A bad length-shaping config fails when the trainer starts, naming the key: in the trainer constructor
   (what verl's TaskRunner calls before it launches any worker), and end to end through
   ``python3 -m verl.trainer.main_ppo`` on a local Ray (the run stops before workers are created; no GPU,
@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,12 +26,12 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from tests.verl_length_helpers import compose_verl, make_trainer, recipe_overrides
+from trl_length_plugin.recipes import RECIPES_DIR
 from verl_adapter.length_advantage import compute_length_grpo_advantage
 from verl_adapter.length_config import shaping_config
 from verl_adapter.length_filter import ShapedReplayBuffer
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes" / "verl"
+RECIPES = RECIPES_DIR / "verl"
 PENALTY_RECIPE = RECIPES / "grpo_length_penalty_qwen2.5-0.5b.sh"
 COEFF_RECIPE = RECIPES / "grpo_length_coeff_qwen2.5-0.5b.sh"
 
@@ -125,7 +124,7 @@ BAD = [
     ),
     (
         ["+length_penalty_coeff_warmup_steps=5"],
-        "length_penalty_coeff_warmup_steps needs length_penalty_coeff > 0",
+        "length_penalty_coeff_warmup_steps: needs length_penalty_coeff > 0",
     ),
     (["+drop_zero_std_groups=true"], "drop_zero_std_groups: in verl use algorithm.filter_groups"),
     (["+length_penalty_coeff=1.0"], "algorithm.adv_estimator: length_penalty_coeff > 0 goes with"),
@@ -224,3 +223,41 @@ def test_legacy_trainer_refuses_length_shaping():
     ) as err:  # no shaping: verl's own constructor runs (and fails on the dummies)
         RayPPOTrainer(plain, tokenizer=None, role_worker_mapping={}, resource_pool_manager=None)
     assert not isinstance(err.value, NotImplementedError)
+
+
+FAIL_CLOSED = """
+import sys
+sys.modules["verl_adapter.length_shaping"] = None  # its import fails, as a broken install would
+import verl
+from hydra import compose, initialize_config_dir
+from pathlib import Path
+from verl.trainer.ppo.v1 import get_trainer_cls
+from verl_adapter.plugin import LOAD_ERRORS
+assert "verl_adapter.length_shaping" in LOAD_ERRORS
+with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    shaped = compose(config_name="ppo_trainer", overrides=sys.argv[1:])
+try:
+    get_trainer_cls(shaped.trainer.v1.trainer_mode)(config=shaped)
+except RuntimeError as err:
+    print("REFUSED", err)
+"""
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["+length_penalty.default.total_bonus=0.1"],
+        ["+length_penalty_coeff=1.0", "algorithm.adv_estimator=length_grpo"],
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=luspo"],
+    ],
+)
+def test_a_failed_load_fails_closed(overrides):
+    """If the adapter cannot load, verl's trainers refuse (in the TaskRunner, before workers) a config that
+    needs it, naming the load error, instead of training on raw rewards."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", FAIL_CLOSED, *overrides], capture_output=True, text=True, timeout=180, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED the config uses" in out.stdout and "failed to load into verl" in out.stdout
+    assert "verl_adapter.length_shaping" in out.stdout

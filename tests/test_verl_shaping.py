@@ -1,4 +1,4 @@
-"""verl length shaping (decisions.md §2-3) inside verl 0.9.1's real V1 trainer and advantage code path.
+"""verl length shaping (docs/reference/length-penalties.md §2-3) inside verl 0.9.1's real V1 trainer and advantage code path.
 
 Real: verl's Hydra config and trainer registry (the trainer ``TaskRunnerV1`` builds for ``trainer_mode=sync``),
 TransferQueue on a local Ray, the replay buffer sampling whole ``uid`` groups, verl's batch padding
@@ -239,7 +239,7 @@ def test_same_shaped_rewards_as_the_trl_integration(store, tokenizer, penalty_fi
     """The TRL integration's own group-penalty functions and coefficient call give the same shaped rewards.
 
     TRL lays groups out as consecutive blocks of ``num_generations`` rows and reads metadata from top-level
-    columns (decisions.md §2.2, §2.14), so these rollouts use equal groups and top-level metadata only.
+    columns (docs/reference/length-penalties.md §2.2, §2.14), so these rollouts use equal groups and top-level metadata only.
     """
     trl_rollouts = pytest.importorskip("trl_length_plugin.trl_integration.rollouts")
     band = {"profile_band": {"total": {"a": 10.0, "b": 40.0, "f": 0.5}}}

@@ -1,4 +1,4 @@
-"""vLLM capture helpers (score-centering.md "Extending Candidate Collection"; decisions.md §5.2, §5.3, §5.5).
+"""vLLM capture helpers (score-centering.md "Extending Candidate Collection"; docs/reference/score-centering.md §5.2, §5.3, §5.5).
 
 Unit tests build outputs with vLLM's own containers and its own ``append_logprobs_for_next_position`` (the
 function the engine uses), so both layouts are exactly what vLLM 0.31 produces; malformed outputs are those

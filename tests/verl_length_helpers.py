@@ -103,7 +103,7 @@ class Rollout:
 
     @property
     def text(self) -> str:
-        """The model's own output (what decisions.md §2.5 measures)."""
+        """The model's own output (what docs/reference/length-penalties.md §2.5 measures)."""
         thought = f"<think>{self.reasoning}</think>" if self.reasoning else ""
         return thought + self.answer
 

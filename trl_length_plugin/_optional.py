@@ -1,4 +1,4 @@
-"""Imports of optional hosts with an error that names the extra to install (decisions.md §1.2)."""
+"""Imports of optional hosts with an error that names the extra to install (docs/reference/product.md §1.2)."""
 
 from __future__ import annotations
 

@@ -1,185 +1,285 @@
-"""``trl-length-grpo``: GRPO from a YAML recipe plus flags, with the plugin's config and trainer.
+"""``trl-length-grpo`` (also ``trl-length grpo``): GRPO from a YAML recipe plus flags, with the plugin's
+config and trainer.
 
 Like ``trl grpo`` (same parser, same keys), but unknown keys are errors instead of being handed to
 ``accelerate launch``, and every plugin key (``length_penalty``, ``length_penalty_coeff``, ``luspo``,
 ...) is understood. Several processes: ``accelerate launch -m trl_length_plugin.cli --config x.yaml``.
 
+- ``--config FILE`` or ``--config recipe:NAME`` (a recipe shipped with the package, ``trl-length recipes``);
+  flags override the recipe's keys, and a ``--length_penalty`` flag replaces the recipe's whole block.
 - ``reward_funcs``: dotted paths (``pkg.module.func``) or names from ``trl.rewards``.
 - ``dataset_name``: ``embedded`` (the embedded arithmetic task), a local file or saved dataset, or a Hub name.
 - ``model_name_or_path``: ``embedded`` (warm-started tiny model), ``embedded-random``, a local path or a Hub name.
 
-Everything is parsed and validated before any model or dataset is loaded, so a bad recipe exits
-non-zero at once with a message naming the key (decisions.md §2.1).
+The plugin's own keys are validated with the core config before TRL and torch are imported (that takes
+seconds), then everything by TRL's parser and the trainer's own setup checks (docs/reference/product.md §1.3). Each such error ends the command with one line ``trl-length-grpo: error: ...`` and exit status 2;
+errors raised inside TRL, a model or training keep their traceback. Unless ``log_level`` is set, the run
+uses ``log_level: info``, so the plugin's INFO lines (settings, ``Length penalty:`` lines) are shown.
 """
 
 from __future__ import annotations
 
-import importlib
+import difflib
+import itertools
+import logging
 import os
 import sys
-from dataclasses import dataclass, field
+import traceback
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
 
-from trl_length_plugin._optional import require
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-require("trl", "trl")
+from trl_length_plugin import __version__
+from trl_length_plugin.recipes import resolve_config
+from trl_length_plugin.shaping.config import SHAPING_KEYS, config_error, load_shaping_config, read_yaml
 
-from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser  # noqa: E402
+PROG = "trl-length-grpo"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+#: the docs/ folder inside the package (in a checkout a symlink to the top-level docs/)
+DOCS = Path(__file__).parent / "docs"
+DESCRIPTION = (
+    "GRPO with the length-control plugin (docs/trl.md). Keys come from a YAML recipe, --config FILE or "
+    "--config recipe:NAME (`trl-length recipes` lists the shipped ones), and from --key value flags, which "
+    "override the recipe's keys; a --length_penalty flag replaces the recipe's whole length_penalty block "
+    "(nothing of it is merged). Every option below is also a recipe key. Without log_level the run uses "
+    f"log_level info. The docs cited here (docs/...) ship with the package: {DOCS}"
+)
 
-from trl_length_plugin.trl_integration.config import LengthPluginGRPOConfig  # noqa: E402
+logger = logging.getLogger("trl_length_plugin")
 
-EMBEDDED = "embedded"
+
+class PluginKeys(BaseModel):
+    """The keys ``LengthPluginGRPOConfig`` adds besides the shaping config (docs/reference/product.md §1.3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    correctness_reward: str | None = None
+    agent_column: str = "agent"
+    length_penalty_log_file: str | None = None
+    length_curves_png: bool = False
+    luspo: bool = False
+
+
+#: every key of the plugin, validated before TRL is imported
+PLUGIN_KEYS = (*SHAPING_KEYS, *PluginKeys.model_fields)
+
+
+def fail(message: str) -> NoReturn:
+    """End the command with one line ``trl-length-grpo: error: <message>`` and exit status 2 (as argparse)."""
+    print(f"{PROG}: error: " + " ".join(line.strip() for line in message.splitlines()), file=sys.stderr)
+    raise SystemExit(2)
 
 
 @dataclass
-class LengthGRPOScriptArguments(ScriptArguments):
-    """``trl grpo``'s script arguments plus the embedded task's sizes and a dataset mapping."""
+class CommandLine:
+    """What the command line says before TRL reads it: the recipe file and keys, and the flags."""
 
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata={"help": "Reward functions: dotted import paths or names from `trl.rewards`."},
-    )
-    reward_model_name_or_path: str | None = field(
-        default=None, metadata={"help": "A sequence-classification reward model (path or Hub name)."}
-    )
-    dataset_map: str | None = field(
-        default=None,
-        metadata={"help": "Dotted path of a function mapping each example to new columns (e.g. a `prompt`)."},
-    )
-    dataset_size: int = field(default=256, metadata={"help": "Rows of the embedded training task."})
-    eval_dataset_size: int = field(default=32, metadata={"help": "Rows of the embedded evaluation task."})
+    config: Path | None
+    recipe: dict[str, Any]
+    flags: dict[str, list[str]]
+    rest: list[str]
+
+    @property
+    def written(self) -> frozenset[str]:
+        """The keys the user wrote, in the recipe or as flags (``luspo: true`` keeps their values)."""
+        return frozenset(self.recipe).union(self.flags) - {"env"}
+
+    def sources(self) -> list[tuple[set[str], str]]:
+        """The keys of the recipe and of the flags, each with where it was written."""
+        return [(set(self.recipe) - {"env"}, f"in {self.config}"), (set(self.flags), "on the command line")]
+
+    def value(self, key: str) -> Any:
+        """``key``'s value, the flag's over the recipe's (a flag's values as written, strings)."""
+        if key not in self.flags:
+            return self.recipe[key]
+        values = self.flags[key]  # reasoning_tags is the one list key
+        return values if key == "reasoning_tags" or len(values) != 1 else values[0]
+
+    def trl_argv(self) -> list[str]:
+        """The arguments for TRL's parser: the recipe as a path, ``log_level info`` unless one is written."""
+        config = ["--config", str(self.config)] if self.config else []
+        log_level = [] if "log_level" in self.written else ["--log_level", "info"]
+        return [*config, *self.rest, *log_level]
 
 
-def make_parser() -> TrlParser:
-    return TrlParser((LengthGRPOScriptArguments, LengthPluginGRPOConfig, ModelConfig, DatasetMixtureConfig))
+def split_config(argv: list[str]) -> tuple[Path | None, list[str]]:
+    """The recipe path of ``--config FILE``, ``--config=FILE`` or ``--config recipe:NAME``, and the rest."""
+    config, rest = None, []
+    tokens = iter(argv)
+    for token in tokens:
+        if token != "--config" and not token.startswith("--config="):
+            rest.append(token)
+            continue
+        value = token.partition("=")[2] if "=" in token else next(tokens, "")
+        if not value or value.startswith("--"):
+            raise ValueError("--config needs a value: a YAML file or recipe:NAME")
+        if config is not None:
+            raise ValueError("--config given more than once")
+        config = resolve_config(value)
+    return config, rest
 
 
-def import_dotted(path: str):
-    """``pkg.module.attr`` -> the attribute; the working directory is importable, as in ``trl grpo``."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{path!r} is not a dotted path (module.attribute)")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+def flags_of(argv: list[str]) -> dict[str, list[str]]:
+    """Each ``--key`` of ``argv`` (dashes read as underscores) with its values: ``--key=value`` or the tokens
+    up to the next ``--``; a bare ``--key`` is ``true``, as for TRL's boolean flags."""
+    flags = {}
+    for i, token in enumerate(argv):
+        if token.startswith("--"):
+            name, equals, value = token[2:].partition("=")
+            values = (
+                [value] if equals else itertools.takewhile(lambda t: not t.startswith("--"), argv[i + 1 :])
+            )
+            flags[name.replace("-", "_")] = list(values) or ["true"]
+    return flags
+
+
+def read_recipe(path: Path) -> dict[str, Any]:
+    recipe = read_yaml(path)
+    if not isinstance(recipe, Mapping):
+        found = "nothing" if recipe is None else f"a {type(recipe).__name__}"
+        raise ValueError(f"{path}: a recipe must be a YAML mapping of keys, found {found}")
+    return dict(recipe)
+
+
+def unknown_keys(keys: Iterable[str], known: Iterable[str], where: str) -> str:
+    """The message for ``keys`` that are no key, with the closest known ones."""
+    known = list(known)
+    parts = []
+    for key in sorted(keys):
+        close = difflib.get_close_matches(key, known, n=1)
+        parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown key{'s' if len(parts) > 1 else ''} {', '.join(parts)} {where}"
+
+
+def read_command_line(argv: list[str]) -> CommandLine:
+    """Read the recipe and flags and validate the plugin's keys with the core config (no TRL, no torch)."""
+    config, rest = split_config(argv)
+    command = CommandLine(config, read_recipe(config) if config else {}, flags_of(rest), rest)
+    # every plugin key starts with length_penalty; TRL has none that does (the verl adapter's rule too)
+    for keys, where in command.sources():
+        misspelt = {key for key in keys if key.startswith("length_penalty") and key not in PLUGIN_KEYS}
+        if misspelt:
+            raise ValueError(unknown_keys(misspelt, PLUGIN_KEYS, where))
+    values = {key: command.value(key) for key in PLUGIN_KEYS if key in command.written}
+    load_shaping_config({key: value for key, value in values.items() if key in SHAPING_KEYS})
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"cannot import {path!r}: {err}") from err
+        PluginKeys.model_validate(
+            {key: value for key, value in values.items() if key in PluginKeys.model_fields}
+        )
+    except ValidationError as err:
+        raise ValueError(config_error(err)) from None
+    return command
 
 
-def load_reward_funcs(script_args: LengthGRPOScriptArguments) -> list:
-    funcs: list = [script_args.reward_model_name_or_path] if script_args.reward_model_name_or_path else []
-    for name in script_args.reward_funcs or []:
-        if "." in name:
-            funcs.append(import_dotted(name))
-        else:
-            import trl.rewards
+def show_plugin_logs(command: CommandLine) -> None:
+    """Set the plugin logger to the run's ``log_level`` (default info) while TRL parses, on the main process;
+    the trainer sets it again from ``log_level`` / ``log_level_replica``."""
+    level = str(command.value("log_level") if "log_level" in command.written else "info")
+    if level in LOG_LEVELS and os.environ.get("RANK", "0") == "0":
+        logger.setLevel(level.upper())
 
-            if not hasattr(trl.rewards, name):
-                raise ValueError(
-                    f"reward_funcs: unknown reward {name!r}; use a dotted path or a trl.rewards name"
-                )
-            funcs.append(getattr(trl.rewards, name))
-    if not funcs:
-        raise ValueError("reward_funcs: give at least one reward function (or reward_model_name_or_path)")
-    return funcs
+
+def warn_if_block_replaced(command: CommandLine) -> None:
+    """A ``--length_penalty`` flag replaces the recipe's whole block: say so, naming what is dropped."""
+    block = command.recipe.get("length_penalty")
+    if "length_penalty" in command.flags and block:
+        replaced = ", ".join(block) if isinstance(block, Mapping) else repr(block)
+        logger.warning(
+            "--length_penalty replaces the whole length_penalty block of %s (%s); nothing of it is merged",
+            command.config,
+            replaced,
+        )
+
+
+def check_keys(command: CommandLine, known: list[str], numbers: dict[str, type]) -> None:
+    """Fail on a recipe key or flag that is no key of TRL's parser (naming the closest known one), and on a
+    recipe value that is no number for a numeric key (TRL's parser converts flags, not recipe values)."""
+    in_recipe = set(command.recipe) - set(known) - {"env"}
+    # argparse also takes an unambiguous prefix of a flag
+    in_flags = {flag for flag in command.flags if not any(dest.startswith(flag) for dest in known)}
+    for unknown, where in ((in_recipe, f"in {command.config}"), (in_flags, "on the command line")):
+        if unknown:
+            fail(unknown_keys(unknown, known, where))
+    for key, number in numbers.items():
+        value = command.recipe.get(key)
+        try:
+            if value is not None:
+                number(str(value))
+        except ValueError:
+            fail(
+                f"{key}: {value!r} is not {'an integer' if number is int else 'a number'} (in {command.config})"
+            )
 
 
 def parse_args(argv: list[str] | None = None):
-    """Parse and validate the recipe and flags; exit non-zero with the offending key on any error."""
-    parser = make_parser()
+    """Parse and validate the recipe and flags: the plugin's keys before TRL is imported, then everything with
+    TRL's parser. Any error ends the command with one line and exit status 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(argv)
-        reward_funcs = load_reward_funcs(script_args)
-        dataset_map = import_dotted(script_args.dataset_map) if script_args.dataset_map else None
+        command = read_command_line(argv)
     except ValueError as err:
-        raise SystemExit(f"trl-length-grpo: error: {err}") from None
-    if not model_args.model_name_or_path:
-        raise SystemExit("trl-length-grpo: error: model_name_or_path is required")
-    if not (script_args.dataset_name or dataset_args.datasets):
-        raise SystemExit("trl-length-grpo: error: dataset_name (or datasets) is required")
-    return script_args, training_args, model_args, dataset_args, reward_funcs, dataset_map
+        fail(str(err))
+    show_plugin_logs(command)
+    warn_if_block_replaced(command)
+    script = import_script()
+    from trl_length_plugin.trl_integration.config import explicit_keys
+
+    parser = script.make_parser(PROG, DESCRIPTION)
+    check_keys(command, [action.dest for action in parser._actions], script.numeric_keys(parser))
+    try:
+        with explicit_keys(command.written):
+            return script.parse(parser, command.trl_argv())
+    except (ValueError, TypeError) as err:
+        fail(str(err))
 
 
-def resolve_model(name: str):
-    """The model path and, for the embedded model, its tokenizer (never AutoTokenizer for it)."""
-    if name in (EMBEDDED, f"{EMBEDDED}-random"):
-        from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
+def import_script():
+    """``trl_integration.script`` (imports TRL and torch); a missing TRL is one line naming the extra."""
+    from trl_length_plugin._optional import require
 
-        path = embedded_model_dir(warm_start=name == EMBEDDED)
-        return str(path), load_tokenizer(path)
-    return name, None
+    try:
+        require("trl", "trl")
+    except ImportError as err:
+        fail(str(err))
+    from trl_length_plugin.trl_integration import script
 
-
-def load_datasets(script_args, training_args, dataset_args, dataset_map):
-    """(train, eval or None): the embedded task, a local file or saved dataset, a Hub dataset or a mixture."""
-    import datasets
-
-    name = script_args.dataset_name
-    want_eval = training_args.eval_strategy != "no"
-    if dataset_args.datasets:
-        from trl import get_dataset
-
-        splits = get_dataset(dataset_args)
-    elif name == EMBEDDED:
-        from trl_length_plugin.embedded import make_task_dataset
-
-        seed = training_args.seed
-        splits = {
-            script_args.dataset_train_split: make_task_dataset(script_args.dataset_size, seed=seed),
-            script_args.dataset_test_split: make_task_dataset(script_args.eval_dataset_size, seed=seed + 1),
-        }
-    elif os.path.isdir(name) and os.path.exists(os.path.join(name, "dataset_dict.json")):
-        splits = datasets.load_from_disk(name)
-    elif os.path.isdir(name) and os.path.exists(os.path.join(name, "dataset_info.json")):
-        splits = {script_args.dataset_train_split: datasets.load_from_disk(name)}
-    elif os.path.isfile(name):
-        builder = {"jsonl": "json"}.get(name.rsplit(".", 1)[-1], name.rsplit(".", 1)[-1])
-        splits = datasets.load_dataset(builder, data_files=name)
-    else:
-        splits = datasets.load_dataset(
-            name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
-        )
-    train = splits[script_args.dataset_train_split]
-    evaluation = splits[script_args.dataset_test_split] if want_eval else None
-    if dataset_map is not None:
-        train = train.map(dataset_map)
-        evaluation = evaluation.map(dataset_map) if evaluation is not None else None
-    return train, evaluation
+    return script
 
 
-def run(script_args, training_args, model_args, dataset_args, reward_funcs, dataset_map):
-    from trl import get_peft_config, get_quantization_config
+def raised_by_plugin(err: BaseException) -> bool:
+    """Whether ``err`` is one of the plugin's own checks, not raised inside TRL, a model or a dataset."""
+    *_, (frame, _) = traceback.walk_tb(err.__traceback__)
+    return frame.f_globals.get("__name__", "").startswith("trl_length_plugin.")
 
-    from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
 
-    model_path, tokenizer = resolve_model(model_args.model_name_or_path)
-    model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": training_args.trust_remote_code,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-    }
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
-    train, evaluation = load_datasets(script_args, training_args, dataset_args, dataset_map)
-    trainer = LengthPluginGRPOTrainer(
-        model=model_path,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        processing_class=tokenizer,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
-    )
+def run(*parsed):
+    """Build the trainer from ``parse_args``' result, train and save; the trainer's own setup checks end the
+    command with one line, errors from TRL, the model or training surface as they are."""
+    script = import_script()
+    try:
+        trainer = script.build_trainer(*parsed)
+    except (ValueError, TypeError) as err:
+        if not raised_by_plugin(err):
+            raise
+        fail(str(err))
+    training_args = parsed[1]
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
-    trainer.accelerator.print(f"trl-length-grpo: model saved to {training_args.output_dir}")
+    trainer.accelerator.print(f"{PROG}: model saved to {training_args.output_dir}")
     return trainer
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(*parse_args(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--version" in argv:
+        print(f"{PROG} {__version__}")
+    elif "-h" in argv or "--help" in argv:
+        import_script().make_parser(PROG, DESCRIPTION).print_help()
+    else:
+        run(*parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """``trl-length``: the plugin's command line, one subcommand per tool (like TRL's ``trl grpo|sft|...``).
 
 - ``trl-length grpo``: GRPO from a recipe with the plugin's trainer (``trl-length-grpo`` is the same).
+- ``trl-length recipes``: the recipes shipped with the package (``--config recipe:NAME``) and their paths.
+- ``trl-length profile``: per-prompt profiles and bands from a reference model's rollouts.
+- ``trl-length preview``: what a length-shaping config does to saved rollouts.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -14,6 +17,12 @@ import sys
 #: subcommand -> (module with ``main(argv)``, one-line help)
 SUBCOMMANDS = {
     "grpo": ("trl_length_plugin.cli", "GRPO from a YAML recipe plus flags, with the plugin's trainer"),
+    "recipes": ("trl_length_plugin.recipes", "list the recipes shipped with the package and their paths"),
+    "profile": ("trl_length_plugin.offline.profile_cli", "per-prompt profiles and bands from rollouts"),
+    "preview": (
+        "trl_length_plugin.offline.preview_cli",
+        "what a length-shaping config does to saved rollouts",
+    ),
 }
 
 
@@ -34,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"trl-length {__version__}")
         return
     if argv[0] not in SUBCOMMANDS:
-        print(f"{usage()}\ntrl-length: error: unknown subcommand {argv[0]!r}", file=sys.stderr)
+        choices = ", ".join(SUBCOMMANDS)
+        print(f"trl-length: error: unknown subcommand {argv[0]!r} (choose from {choices})", file=sys.stderr)
         raise SystemExit(2)
     module, _ = SUBCOMMANDS[argv[0]]
     importlib.import_module(module).main(argv[1:])

@@ -1,8 +1,8 @@
-"""vLLM top-k capture for score centering (``score-centering.md``; decisions.md §5.2, §5.3, §5.5).
+"""vLLM top-k capture for score centering (``score-centering.md``; docs/reference/score-centering.md §5.2, §5.3, §5.5).
 
 Request preparation and validation, and extraction of the sampler's head from a vLLM ``CompletionOutput``:
 CPU ``(ids int32 [T, K], logprobs float32 [T, K])``. vLLM is never imported here (the objects are read by
-duck typing), so the core stays framework-free (decisions.md §1.2).
+duck typing), so the core stays framework-free (docs/reference/product.md §1.2).
 
 How vLLM lays out ``logprobs=K`` (checked against vLLM 0.31): every generated position carries the sampled
 token followed by the top K in rank order (ranks 1..K).
@@ -119,7 +119,7 @@ def validate_score_centering_request(
     logprobs_mode: str = "processed_logprobs",
     sampler_replay: bool = False,
 ) -> None:
-    """Check one request's capture settings before admission (decisions.md §5.2, §5.5).
+    """Check one request's capture settings before admission (docs/reference/score-centering.md §5.2, §5.5).
 
     ``request`` is a ``vllm.SamplingParams`` (resolved on the worker: preferred) or a request body mapping
     (chat: ``logprobs``/``top_logprobs``; completions: ``logprobs``). A mapping's missing sampling keys are
@@ -381,7 +381,7 @@ def _flat_sampled_logprobs(flat: Any, sampled: list[int]) -> np.ndarray:
 
 
 def extract_sampled_token_logprobs(output: Any) -> torch.Tensor:
-    """CPU float32 ``[T]``: each position's logprob of the token actually sampled, chosen by id (decisions.md §5.3).
+    """CPU float32 ``[T]``: each position's logprob of the token actually sampled, chosen by id (docs/reference/score-centering.md §5.3).
 
     Works on both layouts (the flat one vectorized); the float32 and ``<= 1e-5`` checks apply.
     """

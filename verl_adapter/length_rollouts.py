@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from trl_length_plugin.shaping import (
+    GroupLayout,
     LengthShapingConfig,
     MetadataCache,
     RolloutBatch,
@@ -160,13 +161,14 @@ class RolloutShaper:
         last = scores[torch.arange(scores.shape[0]), (lengths - 1).clamp(min=0)]
         uids = np.asarray(list(data["uid"]), dtype=object)
         agents = np.asarray(list(data["data_source"]), dtype=object) if "data_source" in present else None
+        layout = GroupLayout(np.unique(uids, return_inverse=True)[1])
         batch = RolloutBatch(
             rewards=raw,
-            group_index=np.unique(uids, return_inverse=True)[1],
+            group_index=layout,
             agents=agents,
             multi_component=((scores != 0).sum(-1) - (last != 0).long()) > 0,
             loss_lengths=padded(data["response_mask"]).sum(-1) if self.config.coefficient_on else None,
-            **(self._penalty_inputs(fetch, keys, data, agents) if self.config.penalties_on else {}),
+            **(self._penalty_inputs(fetch, keys, data, agents, layout) if self.config.penalties_on else {}),
         )
         result = shape_rollouts(batch, self.config, normalization=None, step=step)
         lines = []
@@ -179,7 +181,14 @@ class RolloutShaper:
             list(keys), raw, result.rewards, result.host_rows, result.row_metrics, records, lines
         )
 
-    def _penalty_inputs(self, fetch: Callable, keys: Sequence[str], data: Mapping, agents: np.ndarray | None):
+    def _penalty_inputs(
+        self,
+        fetch: Callable,
+        keys: Sequence[str],
+        data: Mapping,
+        agents: np.ndarray | None,
+        layout: GroupLayout,
+    ):
         """Channel lengths of the model-generated response tokens (§2.5) and per-prompt metadata (§2.14)."""
         responses = padded(data["responses"])
         mask = padded(data["response_mask"]).bool()
@@ -193,12 +202,14 @@ class RolloutShaper:
             reasoning_tags=self.config.tags,
         )
         inputs = {"reasoning_lengths": lengths.reasoning, "answer_lengths": lengths.answer}
-        if block.uses_metadata:
-            prompts = prompt_fingerprints(data["prompts"])
-            first = {prompt: key for key, prompt in zip(keys, prompts, strict=True)}  # a row of each prompt
+        if block.uses_metadata:  # one lookup per group: metadata is per prompt
+            first_rows = layout.first_row.tolist()
+            fingerprints = prompt_fingerprints(data["prompts"])
+            prompts = [fingerprints[row] for row in first_rows]
+            row_of = {prompt: keys[row] for prompt, row in zip(prompts, first_rows, strict=True)}
 
             def entries(new: list) -> list:
-                rows = [first[prompt] for prompt in new]
+                rows = [row_of[prompt] for prompt in new]
                 return list(RowMetadata(fetch(rows, [*METADATA_KEYS, "extra_info"]), np.arange(len(rows))))
 
             inputs["metadata"] = self.metadata.lookup(prompts, entries)

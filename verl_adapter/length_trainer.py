@@ -23,6 +23,7 @@ trainer gets the same behaviour by listing :class:`LengthShapingMixin` first amo
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -41,6 +42,14 @@ from .length_rollouts import RolloutShaper, ShapedRows, padded, row_lengths
 from .luspo import check_kl_aggregation
 
 logger = logging.getLogger("trl_length_plugin")
+
+
+def follow_verl_log_level() -> None:
+    """``import verl`` sets Python logging to WARNING, which hides this plugin's INFO lines (the settings line,
+    the ``Length penalty:`` lines): unless the application set its level, the plugin's logger follows
+    ``VERL_LOGGING_LEVEL`` (default INFO), as verl's own ``verl`` logger does in ``main_ppo``."""
+    if logger.level == logging.NOTSET:
+        logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO").upper())
 
 
 def scores_at_last_token(
@@ -67,6 +76,7 @@ class LengthShapingMixin:
             check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
         self.length_shaping = shaping_config(config)
         self.length_shaper = RolloutShaper(self.length_shaping, step=lambda: self.global_steps)
+        follow_verl_log_level()
         if self.length_shaping.enabled:
             logger.info("trl-length-plugin: %s", self.length_shaping.summary())
         super().__init__(config)

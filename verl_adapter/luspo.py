@@ -1,10 +1,10 @@
-"""verl policy loss ``luspo`` (decisions.md §4.3): GSPO's ratio and clipping, aggregated as LUSPO.
+"""verl policy loss ``luspo`` (docs/reference/luspo.md §4.3): GSPO's ratio and clipping, aggregated as LUSPO.
 
 Importing this module (``verl_adapter.plugin`` does it on ``import verl``, in every process) registers
 ``luspo`` with verl's policy-loss registry, so ``actor_rollout_ref.actor.policy_loss.loss_mode=luspo``
 is all a user sets. The clip range is ``actor.clip_ratio_low`` / ``actor.clip_ratio_high``.
 
-Normalization (decisions.md §4.1). verl's FSDP engine calls ``backward()`` on each micro-batch loss
+Normalization (docs/reference/luspo.md §4.1). verl's FSDP engine calls ``backward()`` on each micro-batch loss
 (so micro-batch losses add up) and averages gradients over the ``dp_size`` data-parallel ranks. With
 ``global_batch_size`` = sequences in the global mini-batch (``ppo_mini_batch_size * rollout.n``), each
 micro-batch therefore contributes ``sum_i |y_i| l_i / (global_batch_size / dp_size)``, and the total is
@@ -39,7 +39,7 @@ POLICY_LOSS_KEYWORDS = (
     "config",
     "rollout_is_weights",
 )
-#: verl's aggregation mode that equals LUSPO's (decisions.md §4.1)
+#: verl's aggregation mode that equals LUSPO's (docs/reference/luspo.md §4.1)
 LUSPO_AGG_MODE = "seq-mean-token-sum"
 
 
@@ -63,12 +63,12 @@ _reported_agg_modes: set[str] = set()
 
 def check_kl_aggregation(use_kl_loss: bool, loss_agg_mode: str) -> None:
     """verl aggregates the KL loss term with ``actor.loss_agg_mode`` (``verl/workers/utils/losses.py``);
-    LUSPO's KL term is summed per sequence and divided by N_seq (decisions.md §4.1), so refuse any other mode."""
+    LUSPO's KL term is summed per sequence and divided by N_seq (docs/reference/luspo.md §4.1), so refuse any other mode."""
     if use_kl_loss and loss_agg_mode != LUSPO_AGG_MODE:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode=luspo with actor_rollout_ref.actor.use_kl_loss=true "
             f"needs actor_rollout_ref.actor.loss_agg_mode={LUSPO_AGG_MODE!r} (verl aggregates the KL term with "
-            f"it; decisions.md §4.1), got {loss_agg_mode!r}"
+            f"it; docs/reference/luspo.md §4.1), got {loss_agg_mode!r}"
         )
 
 
@@ -78,7 +78,7 @@ def _report_ignored_agg_mode(loss_agg_mode: str) -> None:
     _reported_agg_modes.add(loss_agg_mode)
     logger.warning(
         "luspo: actor.loss_agg_mode=%s is ignored for the policy term, which is always sum_i |y_i| l_i / N_seq "
-        "(decisions.md §4.1, verl's %s); the entropy and KL terms still use %s.",
+        "(docs/reference/luspo.md §4.1, verl's %s); the entropy and KL terms still use %s.",
         loss_agg_mode,
         LUSPO_AGG_MODE,
         loss_agg_mode,
@@ -91,7 +91,9 @@ def local_num_sequences(global_batch_info: dict) -> float | None:
     global_batch_size = global_batch_info.get("global_batch_size")
     if global_batch_size is None:
         if dp_size > 1:
-            raise ValueError("luspo: global_batch_size is required when dp_size > 1 (decisions.md §4.1)")
+            raise ValueError(
+                "luspo: global_batch_size is required when dp_size > 1 (docs/reference/luspo.md §4.1)"
+            )
         return None
     return global_batch_size / dp_size
 

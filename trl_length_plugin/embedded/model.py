@@ -21,7 +21,7 @@ from trl_length_plugin.embedded.task import make_completion, make_problem
 logger = logging.getLogger("trl_length_plugin")
 
 #: bump when the recipe below changes, so stale caches are not reused
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: Qwen2's pre-tokenizer, saved as Qwen2Tokenizer
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
 CHAT_TEMPLATE = (
@@ -39,7 +39,7 @@ MODEL_CONFIG = dict(
     max_position_embeddings=256,
     tie_word_embeddings=True,
 )
-WARM_START = dict(steps=200, batch_size=64, lr=3e-3)
+WARM_START = dict(steps=220, batch_size=64, lr=3e-3)
 #: GRPOConfig settings every CPU run on the embedded model shares (demo, benchmarks, tests): fp32, no
 #: checkpointing, a log row per step, nothing saved or reported
 CPU_RUN_ARGS = dict(
@@ -71,14 +71,19 @@ def _chat_corpus(n: int, seed: int) -> list[str]:
 
 
 def build_tokenizer(seed: int = 0):
-    """A byte-level BPE tokenizer trained on the task's chat corpus, wrapped for transformers."""
+    """A byte-level BPE tokenizer trained on the task's chat corpus, as a ``Qwen2Tokenizer``.
+
+    It uses Qwen2's own normalizer and pre-tokenizer (digits split one by one), because ``AutoTokenizer``
+    (so TRL, vLLM and verl) loads any qwen2 directory as a ``Qwen2Tokenizer`` that rebuilds them from its
+    class: every loader then gives the same ids (docs/embedded.md).
+    """
     tokenizers = require("tokenizers", "trl")
     transformers = require("transformers", "trl")
-    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from tokenizers import models, pre_tokenizers, trainers
 
+    qwen = transformers.Qwen2Tokenizer().backend_tokenizer  # the pipeline Qwen2Tokenizer always rebuilds
     bpe = tokenizers.Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
+    bpe.normalizer, bpe.pre_tokenizer, bpe.decoder = qwen.normalizer, qwen.pre_tokenizer, qwen.decoder
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         special_tokens=SPECIAL_TOKENS,
@@ -86,12 +91,15 @@ def build_tokenizer(seed: int = 0):
         show_progress=False,
     )
     bpe.train_from_iterator(_chat_corpus(4000, seed), trainer=trainer)
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+    trained = json.loads(bpe.to_str())["model"]
+    tok = transformers.Qwen2Tokenizer(
+        vocab=trained["vocab"],
+        merges=[tuple(pair) for pair in trained["merges"]],
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<pad>",
         unk_token=None,
+        extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<|im_end|>", "<pad>")],
         padding_side="left",
     )
     tok.chat_template = CHAT_TEMPLATE
@@ -99,10 +107,9 @@ def build_tokenizer(seed: int = 0):
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """Load the embedded tokenizer. ``AutoTokenizer`` would swap in Qwen2's pre-tokenizer for a
-    qwen2 directory and change the ids, so this uses ``PreTrainedTokenizerFast`` directly."""
+    """The embedded tokenizer of a model directory: what ``AutoTokenizer.from_pretrained`` returns."""
     transformers = require("transformers", "trl")
-    return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
+    return transformers.AutoTokenizer.from_pretrained(str(path))
 
 
 def build_model(tokenizer, seed: int = 0):
@@ -112,7 +119,7 @@ def build_model(tokenizer, seed: int = 0):
     torch.manual_seed(seed)
     config = transformers.Qwen2Config(
         **MODEL_CONFIG,
-        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        bos_token_id=None,  # as the tokenizer: else transformers "aligns" the config with a warning
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )

@@ -1,4 +1,4 @@
-"""Loss-side math of the core: LUSPO (decisions.md §4) and score centering (decisions.md §5).
+"""Loss-side math of the core: LUSPO (docs/reference/luspo.md §4) and score centering (docs/reference/score-centering.md §5).
 
 Names are re-exported lazily so that importing one loss never imports the other.
 """

@@ -1,6 +1,6 @@
 """LUSPO: GSPO's sequence-level clipped loss with each sequence's term multiplied by its length.
 
-decisions.md §4.1. With s_i = exp(mean_t log(pi / pi_old)) over the valid tokens of sequence i,
+docs/reference/luspo.md §4.1. With s_i = exp(mean_t log(pi / pi_old)) over the valid tokens of sequence i,
 l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i) and |y_i| its loss-mask length:
 
     loss = (1 / N_seq) * sum_i |y_i| l_i
@@ -10,7 +10,7 @@ N_seq is the number of sequences in the global mini-batch, so summing this loss 
 gradient however the mini-batch is split. Unclipped, each token's gradient weight is s_i A_i / N_seq
 (GSPO's is s_i A_i / (|y_i| N_seq)); a clipped sequence contributes no gradient.
 
-Framework-free: torch only (decisions.md §1.2).
+Framework-free: torch only (docs/reference/product.md §1.2).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def luspo_loss(
     num_sequences: float | None = None,
     token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """LUSPO loss of one (micro-)batch and its metrics (decisions.md §4.1).
+    """LUSPO loss of one (micro-)batch and its metrics (docs/reference/luspo.md §4.1).
 
     Args:
         log_prob: ``(B, T)`` log-probs of the sampled tokens under the current policy (with grad).

@@ -1,4 +1,4 @@
-"""Score centering: the per-token correction C of ``score-centering.md`` (decisions.md §5.1).
+"""Score centering: the per-token correction C of ``score-centering.md`` (docs/reference/score-centering.md §5.1).
 
 At each generated position the sampler's top-k head H (ids and logprobs q, captured from vLLM) and the
 trainer's logprobs p at the same ids give
@@ -9,7 +9,7 @@ trainer's logprobs p at the same ids give
 and the loss adds ``A * C``. The head mass m and tail coefficient alpha depend on the importance-sampling
 mode (the table of the document); only log p carries gradients; the head is never renormalized to one.
 
-Conventions the document leaves open (decisions.md §5.1 keeps its formulas; these fill the gaps):
+Conventions the document leaves open (docs/reference/score-centering.md §5.1 keeps its formulas; these fill the gaps):
 
 * Head slots whose sampler logprob is not finite (``-inf``: filtered out by top-k/top-p under sampler
   replay) carry no coefficient and count in neither head sum.
@@ -171,7 +171,7 @@ def compute_score_centering_term(
     adaptive_ppo_clip_advantages: torch.Tensor | None = None,
     adaptive_ppo_clip_outer_bound: float | None = None,
 ) -> ScoreCenteringTerm:
-    """Per-token score-centering correction C and sampler head mass (decisions.md §5.1).
+    """Per-token score-centering correction C and sampler head mass (docs/reference/score-centering.md §5.1).
 
     Args:
         policy_logprobs_at_sampler_topk: ``[..., K]`` trainer logprobs at the sampler's head ids, normalized
@@ -188,7 +188,7 @@ def compute_score_centering_term(
 
     Returns:
         ``ScoreCenteringTerm(correction, sampler_head_mass)``, each shaped like ``token_mask``. The loss adds
-        ``A * correction`` with the base loss's masks and normalization (decisions.md §5.5).
+        ``A * correction`` with the base loss's masks and normalization (docs/reference/score-centering.md §5.5).
     """
     _check_mode_arguments(
         importance_sampling_mode,
@@ -215,7 +215,7 @@ def score_centering_metrics(
     token_mask: torch.Tensor,
     sampler_replay: bool,
 ) -> dict[str, torch.Tensor]:
-    """The metrics of decisions.md §5.6 as detached means over the unmasked positions of this batch.
+    """The metrics of docs/reference/score-centering.md §5.6 as detached means over the unmasked positions of this batch.
 
     Keys: ``score_centering/head_mass`` (sampler, sum_H q), ``score_centering/train_head_mass`` (sum_H p),
     ``score_centering/rho_mean`` and ``score_centering/correction_abs_mean``. No unmasked position gives 0.

@@ -1,6 +1,6 @@
 """Trainer-side logprobs at the sampler's top-k ids, from hidden states and the output projection.
 
-decisions.md §5.4: the logprobs at the K sampler ids come from the same pass as the sampled token's
+docs/reference/score-centering.md §5.4: the logprobs at the K sampler ids come from the same pass as the sampled token's
 logprob, normalized over the full vocabulary (or over the sampler's kept set under replay), with exact
 gradients, and without a ``tokens x vocabulary`` tensor.
 
@@ -307,7 +307,7 @@ def policy_logprobs_at_sampler_topk(
     vocab_chunk_size: int = DEFAULT_VOCAB_CHUNK_SIZE,
     gather_weight: GatherWeight | None = None,
 ) -> PolicyTopkLogprobs:
-    """Trainer logprobs of the sampled token and at the sampler's K head ids, in one pass (decisions.md §5.4).
+    """Trainer logprobs of the sampled token and at the sampler's K head ids, in one pass (docs/reference/score-centering.md §5.4).
 
     Args:
         hidden_states: ``[..., H]`` final hidden states at the positions that predict each token.

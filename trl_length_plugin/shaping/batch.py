@@ -19,6 +19,7 @@ import torch
 
 from .groups import GroupLayout
 from .metadata import MAX_LENGTH, PromptMetadata, parse_prompt_metadata
+from .threads import single_threaded
 
 
 def as_float_tensor(values: Any, name: str) -> torch.Tensor:
@@ -67,8 +68,9 @@ class RolloutBatch:
     - ``reasoning_lengths`` / ``answer_lengths``: channel lengths (§2.5); total is their sum.
     - ``agents``: agent name per row, ``None`` meaning ``default`` (§2.3); a group uses its first row's.
     - ``metadata``: per-row mappings with ``profiled_rewards``, ``profiled_output_lengths``,
-      ``profile_band`` (any may be missing) or ``None``, or a ``PromptMetadata`` with one parsed row per
-      rollout (``MetadataCache.lookup``); per-prompt data, read from each group's first row (§2.14).
+      ``profile_band`` (any may be missing) or ``None``, read from each group's first row; or a parsed
+      ``PromptMetadata`` (``MetadataCache.lookup``) with one row per group, groups in order of first
+      appearance (``layout.first_row``), or one row per rollout (§2.14).
     - ``multi_component``: per-row flag for verl's multi-component scores, whose groups are skipped (§2.4).
     - ``loss_lengths``: the loss-mask token count of each rollout, the coefficient's L (reference §3.2).
     - ``base_rewards``: the host's total reward of each row without the shaping (other reward terms
@@ -86,6 +88,7 @@ class RolloutBatch:
     loss_lengths: Any = None
     base_rewards: Any = None
 
+    @single_threaded()
     def __post_init__(self) -> None:
         self.rewards = as_float_tensor(self.rewards, "rewards")
         rows = self.rewards.numel()
@@ -98,10 +101,14 @@ class RolloutBatch:
             self.base_rewards = as_float_tensor(self.base_rewards, "base_rewards").double()
             if self.base_rewards.numel() != rows:
                 raise ValueError(f"base_rewards has {self.base_rewards.numel()} rows, rewards have {rows}")
-        for name in ("agents", "metadata"):
-            values = getattr(self, name)
-            if values is not None and len(values) != rows:
-                raise ValueError(f"{name} has {len(values)} rows, rewards have {rows}")
+        if self.agents is not None and len(self.agents) != rows:
+            raise ValueError(f"agents has {len(self.agents)} rows, rewards have {rows}")
+        if self.metadata is not None and len(self.metadata) != rows:
+            per_group = (
+                isinstance(self.metadata, PromptMetadata) and len(self.metadata) == self.layout.num_groups
+            )
+            if not per_group:
+                raise ValueError(f"metadata has {len(self.metadata)} rows, rewards have {rows}")
         if self.agents is not None:
             _check_agents(self.agents)
         if self.multi_component is not None:
@@ -135,5 +142,7 @@ class RolloutBatch:
         if self.metadata is None:
             return None
         if isinstance(self.metadata, PromptMetadata):
+            if len(self.metadata) == self.layout.num_groups:
+                return self.metadata
             return self.metadata.take(self.layout.first_row)
         return parse_prompt_metadata(self.group_rows(self.metadata))

@@ -1,4 +1,4 @@
-"""The multiplicative length coefficient relative to the shortest correct rollout (decisions.md §3.1-3.2)."""
+"""The multiplicative length coefficient relative to the shortest correct rollout (docs/reference/length-coefficient.md §3.1-3.2)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from .batch import as_float_tensor, valid_lengths
 from .groups import GroupLayout, row_min
 from .metrics import mean_metrics
+from .threads import single_threaded
 
 
 @dataclass
@@ -40,6 +41,7 @@ class LengthCoefficientResult:
         return mean_metrics(self.row_metrics())
 
 
+@single_threaded()
 def apply_length_coefficient(
     rewards: Any,
     lengths: Any,
@@ -48,7 +50,7 @@ def apply_length_coefficient(
     min_tokens: int = 0,
     correctness: Any = None,
 ) -> LengthCoefficientResult:
-    """Multiply correct rollouts by ``1 / (1 + c * max(0, L - L_ref) / L_ref)`` (decisions.md §3.1).
+    """Multiply correct rollouts by ``1 / (1 + c * max(0, L - L_ref) / L_ref)`` (docs/reference/length-coefficient.md §3.1).
 
     A row is correct when its raw correctness reward (``correctness``, by default ``rewards``) is exactly
     1.0; L_ref = max(shortest correct L of the group, ``min_tokens``, 1); ``lengths`` are loss-mask token

@@ -64,7 +64,7 @@ class _WarnOnce:
 class LengthPenaltyParams(BaseModel):
     """The per-agent parameters: ``length_penalty.default`` and every ``agent_overrides.<agent>``.
 
-    In an override only the keys it sets replace ``default`` (``model_fields_set``, decisions.md §2.3).
+    In an override only the keys it sets replace ``default`` (``model_fields_set``, docs/reference/length-penalties.md §2.3).
     """
 
     model_config = _STRICT
@@ -136,7 +136,7 @@ class ProfileBandConfig(BaseModel):
 class LengthPenaltyConfig(_WarnOnce, BaseModel):
     """``length_penalty``: the group length shaping (docs/reference/length-penalties.md §2.1).
 
-    ``reasoning_tags`` are the opening and closing tags of the reasoning channel (decisions.md §2.5).
+    ``reasoning_tags`` are the opening and closing tags of the reasoning channel (docs/reference/length-penalties.md §2.5).
     Warnings that the spec wants once per agent are remembered on the instance, i.e. once per run.
     """
 
@@ -183,7 +183,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return {ch: band for ch in BAND_CHANNELS if (band := getattr(defaults, ch)) is not None}
 
     def for_agent(self, agent: str | None) -> LengthPenaltyParams:
-        """The merged parameters of ``agent`` (decisions.md §2.3, §2.12).
+        """The merged parameters of ``agent`` (docs/reference/length-penalties.md §2.3, §2.12).
 
         Channels of the global band are enabled unless ``default`` sets their ``profile_band_<channel>``;
         an override that sets the flag wins. An agent missing from a non-empty ``agent_overrides`` gets
@@ -195,7 +195,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return self._resolved[name]
 
     def length_types(self, agents: Sequence[str | None]) -> list[str]:
-        """Each row's length unit: its agent's ``length_type`` (decisions.md §2.5)."""
+        """Each row's length unit: its agent's ``length_type`` (docs/reference/length-penalties.md §2.5)."""
         return [self.for_agent(agent).length_type for agent in agents]
 
     def _resolve(self, name: str) -> LengthPenaltyParams:
@@ -216,7 +216,9 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return LengthPenaltyParams.model_validate(merged)
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """The YAML document of ``path``; a missing or unreadable file or a syntax error is a ``ValueError`` naming
+    the file (and, for syntax, the line)."""
     try:
         import yaml
     except ImportError as err:
@@ -228,6 +230,8 @@ def _read_yaml(path: Path) -> Any:
         return yaml.safe_load(path.read_text())
     except OSError as err:
         raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read {path}: not UTF-8 text") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -245,7 +249,7 @@ def block_mapping(value: Any) -> Any:
                 f"{str(value)!r} is neither a JSON object nor the path of a YAML file; give the block as a "
                 "mapping, a JSON string or a file path"
             )
-        value = _read_yaml(path) or {}
+        value = read_yaml(path) or {}
         if isinstance(value, Mapping) and set(value) == {"length_penalty"}:
             value = value["length_penalty"] or {}
     elif isinstance(value, str):
@@ -302,7 +306,7 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
     def _dependent_keys(self) -> LengthShapingConfig:
         for key in ("length_penalty_coeff_warmup_steps", "length_penalty_min_tokens"):
             if getattr(self, key) and not self.length_penalty_coeff:
-                raise ValueError(f"{key} needs length_penalty_coeff > 0 (the coefficient it modifies)")
+                raise ValueError(f"{key}: needs length_penalty_coeff > 0 (the coefficient it modifies)")
         block = self.length_penalty
         if (
             block is not None
@@ -311,7 +315,7 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
             and block.reasoning_tags != self.reasoning_tags
         ):
             raise ValueError(
-                f"reasoning_tags {list(self.reasoning_tags)} disagrees with length_penalty.reasoning_tags "
+                f"reasoning_tags: {list(self.reasoning_tags)} disagrees with length_penalty.reasoning_tags "
                 f"{list(block.reasoning_tags)}; set one of them"
             )
         return self

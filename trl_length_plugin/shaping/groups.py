@@ -1,4 +1,4 @@
-"""Prompt groups as padded matrices, so per-group work is one tensor operation (decisions.md §2.2).
+"""Prompt groups as padded matrices, so per-group work is one tensor operation (docs/reference/length-penalties.md §2.2).
 
 Rows are grouped by integer ids; rows of a group need not be adjacent and groups may differ in size.
 ``GroupLayout`` packs the rows into slot-major ``[width, groups]`` matrices, one per power-of-two
@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .threads import single_threaded
+
 BIG = 1e300  # larger than any length or reward, small enough that BIG + x == BIG stays finite
 CHUNK_SLOTS = 131_072  # slots per bucket: a [8, 3, 16384] float64 matrix is 3 MB
 
@@ -41,9 +43,9 @@ def _integer_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.Ten
         return torch.from_numpy(group_index.reshape(-1).astype(np.int64))
     items = group_index.tolist() if isinstance(group_index, np.ndarray) else list(group_index)
     if not set(map(type, items)) <= {int}:
-        bad = next((x for x in items if isinstance(x, bool) or not isinstance(x, int | np.integer)), None)
-        if bad is not None:
-            raise ValueError(f"group_index must be integers, got {bad!r} ({type(bad).__name__})")
+        bad = [x for x in items if isinstance(x, bool) or not isinstance(x, int | np.integer)]
+        if bad:
+            raise ValueError(f"group_index must be integers, got {bad[0]!r} ({type(bad[0]).__name__})")
         items = [int(x) for x in items]
     return items
 
@@ -108,6 +110,7 @@ class GroupLayout:
     a ready layout (for example ``RolloutBatch.layout``) to skip rebuilding it.
     """
 
+    @single_threaded()
     def __init__(self, group_index: Sequence | np.ndarray | torch.Tensor):
         self.gid = dense_group_ids(group_index)
         self.num_rows = self.gid.numel()
@@ -287,6 +290,6 @@ def row_pick(ordered: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def row_median(x: torch.Tensor, member: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """``statistics.median`` of the members: the middle value, or the mean of the two middle values for
-    an even count (decisions.md §2.9); meaningless where ``count`` is 0."""
+    an even count (docs/reference/length-penalties.md §2.9); meaningless where ``count`` is 0."""
     ordered = row_sorted(x, member)
     return (row_pick(ordered, (count - 1) >> 1) + row_pick(ordered, count >> 1)) / 2

@@ -1,4 +1,4 @@
-"""Reasoning, answer and total lengths of completions (decisions.md §2.5).
+"""Reasoning, answer and total lengths of completions (docs/reference/length-penalties.md §2.5).
 
 Only the model's own output counts: a text completion whole; in a conversational completion the
 assistant (or role-less) messages, their ``content`` and ``reasoning_content``. Reasoning is the text
@@ -96,7 +96,7 @@ def _count(text: str, length_type: str, tokenizer: Any) -> int:
         raise ValueError(f"length_type must be 'tokens' or 'chars', got {length_type!r}")
     if tokenizer is None:
         raise ValueError(
-            "length_type 'tokens' needs a tokenizer (decisions.md §2.5); use 'chars' without one"
+            "length_type 'tokens' needs a tokenizer (docs/reference/length-penalties.md §2.5); use 'chars' without one"
         )
     return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
@@ -113,7 +113,7 @@ def measure_lengths(
         raise ValueError("length_type must be one string or one per completion")
     if tokenizer is None and "tokens" in types:
         raise ValueError(
-            "length_type 'tokens' needs a tokenizer (decisions.md §2.5); use 'chars' without one"
+            "length_type 'tokens' needs a tokenizer (docs/reference/length-penalties.md §2.5); use 'chars' without one"
         )
     reasoning, answer = [], []
     for completion, unit in zip(completions, types, strict=True):

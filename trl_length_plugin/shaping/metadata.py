@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from .config import BAND_CHANNELS, ProfileBandChannel
+from .threads import single_threaded
 
 MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
 PROFILED = "profiled"
@@ -248,7 +249,10 @@ def _channel_bands(blocks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         if set(map(type, fields)) <= _PLAIN:  # no bool, string, array or missing value
             try:
                 given = np.frombuffer(struct.pack(f"{len(fields)}d", *fields), dtype=np.float64)
-            except OverflowError:  # an integer beyond float range: the per-entry path flags it
+            except (
+                OverflowError,
+                struct.error,
+            ):  # an integer beyond float range: the per-entry path flags it
                 given = None
             if given is not None:
                 a, b, f = given = given.reshape(3, -1)
@@ -317,6 +321,7 @@ def _unknown_channels(blocks: list[Any]) -> np.ndarray:
     )
 
 
+@single_threaded()
 def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     """Parse one metadata entry per prompt (a mapping or None); never raises on malformed entries."""
     entries = list(entries)

@@ -1,4 +1,4 @@
-"""Group normalization and the non-zero-std filter that go with the length coefficient (decisions.md §3.3).
+"""Group normalization and the non-zero-std filter that go with the length coefficient (docs/reference/length-coefficient.md §3.3).
 
 Groups are classified by their raw correctness rewards: all-correct (every raw reward exactly 1.0),
 all-wrong (no raw reward > 0, the positivity of §2.4) and mixed (the rest). All-correct groups are
@@ -21,6 +21,7 @@ import torch
 
 from .batch import as_float_tensor
 from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_max, row_min, row_sum
+from .threads import single_threaded
 
 ALL_CORRECT_MIN_RANGE = 1e-6  # §3.3
 
@@ -53,6 +54,7 @@ def _all_correct(bucket: Bucket, raw: torch.Tensor) -> torch.Tensor:
     return row_all((bucket.pack(raw) == 1.0) | ~bucket.valid)
 
 
+@single_threaded()
 def group_advantages(
     shaped: Any,
     raw: Any,
@@ -64,7 +66,7 @@ def group_advantages(
     single_row_stats: tuple[float, float] | None = None,
     plain_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Advantages per row from shaped rewards (decisions.md §3.3), in the dtype of ``shaped``.
+    """Advantages per row from shaped rewards (docs/reference/length-coefficient.md §3.3), in the dtype of ``shaped``.
 
     ``single_row_stats``: the (mean, std) a group of one row uses (verl: ``(0.0, 1.0)``); ``None`` gives
     such a mixed group the advantage 0 (TRL, where its std is undefined). ``plain_rows`` (per row, bool):
@@ -103,8 +105,9 @@ def group_advantages(
     return layout.unpack(parts).to(values.dtype)
 
 
+@single_threaded()
 def nonzero_std_keep_mask(shaped: Any, raw: Any, group_index: Any) -> torch.Tensor:
-    """Per row, whether its group survives the non-zero-std filter (decisions.md §3.3).
+    """Per row, whether its group survives the non-zero-std filter (docs/reference/length-coefficient.md §3.3).
 
     All-correct groups need a shaped range above 1e-6; other groups shaped rewards that are not all
     equal. NaN rows are ignored.

@@ -9,8 +9,9 @@ in row order (``groups.row_sum``) so they equal a plain loop bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import Any
 
 import torch
@@ -47,16 +48,24 @@ _BAND_PARAMETERS = ("group_length_penalty_profile_gate", *(f"profile_band_{ch}" 
 class LengthPenaltyResult:
     """``rewards``: shaped, one per row, in the input's dtype (rows of skipped groups are the input,
     bit for bit); ``env_rewards``: the input; ``row_metrics``: §2.15 per row, whose means are ``metrics``
-    (empty when nothing is enabled); ``groups``: per-group records, built only when ``verbose`` is on."""
+    (empty when nothing is enabled). With ``verbose`` on, ``outputs`` holds the engine's own outputs (per
+    row ``term:<name>`` and ``band:<channel>``, per group ``group:gate_open``, ``group:gate_mean`` and
+    ``group:gate_reason``) and ``groups`` the per-group records, built from them when first read."""
 
     rewards: torch.Tensor
     env_rewards: torch.Tensor
     row_metrics: dict[str, torch.Tensor]
-    groups: list[GroupRecord] = field(default_factory=list)
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    build_groups: Callable[[], list[GroupRecord]] | None = field(default=None, repr=False)
 
     @property
     def metrics(self) -> dict[str, float]:
         return mean_metrics(self.row_metrics)
+
+    @cached_property
+    def groups(self) -> list[GroupRecord]:
+        """The verbose records, one per group (empty without ``verbose``)."""
+        return [] if self.build_groups is None else self.build_groups()
 
 
 @dataclass
@@ -255,9 +264,17 @@ def apply_length_penalties(
         _warn(config, params, kinds, shaped_groups, shared.meta)
         invalid = torch.stack([shared.meta.invalid[key] for key in METADATA_KEYS]).any(0) & shaped_groups
         metrics = _row_metrics(env, result.double(), out, layout, kinds, params["enabled"], invalid)
-        records = []
-        if config.verbose:
-            records = build_records(
-                batch, params, kinds, shaped_groups, out, shared.limits, shared.profiled_threshold, result
-            )
-    return LengthPenaltyResult(result, env, metrics, records)
+        if not config.verbose:
+            return LengthPenaltyResult(result, env, metrics)
+        records = partial(
+            build_records,
+            batch,
+            params,
+            kinds,
+            shaped_groups,
+            out,
+            shared.limits,
+            shared.profiled_threshold,
+            result,
+        )
+    return LengthPenaltyResult(result, env, metrics, out, records)

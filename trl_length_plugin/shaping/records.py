@@ -14,7 +14,7 @@ import torch
 
 from .agents import AgentParams
 from .batch import RolloutBatch
-from .config import BAND_CHANNELS
+from .config import BAND_CHANNELS, LengthPenaltyParams
 from .correctness import GroupKinds
 from .groups import GroupLayout
 from .terms import ADDITIVE_OUTPUTS
@@ -51,6 +51,34 @@ def _status(processed: bool, enabled: bool, missing: bool) -> str:
     return "missing" if missing else "non_binary"
 
 
+def _gate_info(params: LengthPenaltyParams, gate: dict[str, torch.Tensor], group: int) -> dict[str, Any]:
+    return {
+        "channel": params.group_length_penalty_profile_gate_channel,
+        "field": params.group_length_penalty_profile_gate_field,
+        "positive_only": params.group_length_penalty_profile_gate_positive_only,
+        "mean": float(gate["mean"][group]),
+        "limit": float(gate["limit"][group]),
+        "open": bool(gate["open"][group]),
+        "reason": GATE_REASONS[int(gate["reason"][group])],
+    }
+
+
+def _row_columns(batch: RolloutBatch, out: dict[str, torch.Tensor], shaped: torch.Tensor) -> dict[str, dict]:
+    """Per-row Python lists: rewards, lengths, each additive term's outputs and each band's multipliers."""
+    terms = {name: out.get(f"term:{name}", torch.zeros_like(shaped)) for name in ADDITIVE_OUTPUTS}
+    bands = {name: out.get(f"band:{name}", torch.ones_like(shaped)) for name in BAND_CHANNELS}
+    lengths = {
+        "reasoning": batch.reasoning_lengths,
+        "answer": batch.answer_lengths,
+        "total": batch.total_lengths,
+    }
+    return {
+        "lengths": {name: values.tolist() for name, values in lengths.items()},
+        "terms": {name: values.tolist() for name, values in terms.items()},
+        "band_multipliers": {name: values.tolist() for name, values in bands.items()},
+    }
+
+
 def build_records(
     batch: RolloutBatch,
     params: AgentParams,
@@ -64,56 +92,38 @@ def build_records(
     """One record per group, groups in order of first appearance; ``out`` holds the engine's unpacked
     outputs (``term:<name>``, ``band:<channel>``, ``group:gate_*``)."""
     layout = batch.layout
-    terms = {name: out.get(f"term:{name}", torch.zeros_like(shaped)) for name in ADDITIVE_OUTPUTS}
-    multipliers = {name: out.get(f"band:{name}", torch.ones_like(shaped)) for name in BAND_CHANNELS}
     gate = {name: out[f"group:gate_{name}"] for name in ("open", "mean", "reason")}
     gate["limit"] = limits
     order = torch.argsort(layout.gid * layout.num_rows + torch.arange(layout.num_rows)).tolist()
     starts = (torch.cumsum(layout.sizes, 0) - layout.sizes).tolist()
     ids = batch.group_index
-    ids = (
-        ids.gid.tolist() if isinstance(ids, GroupLayout) else ids.tolist() if hasattr(ids, "tolist") else ids
-    )
+    ids = ids.gid if isinstance(ids, GroupLayout) else ids
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids
     rewards, shaped_values = batch.rewards.tolist(), shaped.tolist()
-    lengths = {
-        "reasoning": batch.reasoning_lengths.tolist(),
-        "answer": batch.answer_lengths.tolist(),
-        "total": batch.total_lengths.tolist(),
-    }
-    term_lists = {name: values.tolist() for name, values in terms.items()}
-    band_lists = {name: values.tolist() for name, values in multipliers.items()}
-    gate_on = params["group_length_penalty_profile_gate"].tolist()
-    enabled = params["enabled"]
+    columns = _row_columns(batch, out, shaped)
+    gate_on, enabled = params["group_length_penalty_profile_gate"].tolist(), params["enabled"]
     records = []
     for group, size in enumerate(layout.sizes.tolist()):
         rows = order[starts[group] : starts[group] + size]
-        params_of = params.params[int(params.codes[group])]
+        code = int(params.codes[group])
         status = _status(bool(processed[group]), bool(enabled[group]), bool(kinds.missing[group]))
-        gate_info = None
-        if gate_on[group] and status == "shaped":
-            gate_info = {
-                "channel": params_of.group_length_penalty_profile_gate_channel,
-                "field": params_of.group_length_penalty_profile_gate_field,
-                "positive_only": params_of.group_length_penalty_profile_gate_positive_only,
-                "mean": float(gate["mean"][group]),
-                "limit": float(gate["limit"][group]),
-                "open": bool(gate["open"][group]),
-                "reason": GATE_REASONS[int(gate["reason"][group])],
-            }
         threshold = float(profiled_threshold[group])
         records.append(
             GroupRecord(
                 group=ids[rows[0]],
-                agent=params.names[int(params.codes[group])],
+                agent=params.names[code],
                 rows=rows,
                 status=status,
-                gate=gate_info,
+                gate=_gate_info(params.params[code], gate, group)
+                if gate_on[group] and status == "shaped"
+                else None,
                 profiled_threshold=None if threshold != threshold else threshold,
                 rewards=[rewards[i] for i in rows],
-                lengths={name: [values[i] for i in rows] for name, values in lengths.items()},
-                terms={name: [values[i] for i in rows] for name, values in term_lists.items()},
-                band_multipliers={name: [values[i] for i in rows] for name, values in band_lists.items()},
                 shaped=[shaped_values[i] for i in rows],
+                **{
+                    kind: {name: [values[i] for i in rows] for name, values in lists.items()}
+                    for kind, lists in columns.items()
+                },
             )
         )
     return records

@@ -1,4 +1,4 @@
-"""The TRL 1.16 integration: config, trainer, reward wrapper and callback (decisions.md §2-4).
+"""The TRL 1.16 integration: config, trainer, reward wrapper and callback (docs/reference/length-penalties.md §2-4).
 
 Importing this package needs TRL (``pip install 'trl-length-plugin[trl]'``); the core does not.
 """

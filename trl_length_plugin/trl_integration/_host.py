@@ -107,9 +107,13 @@ def check_generate_output(output) -> None:
             f"{len(output) if isinstance(output, tuple) else '?'}, expected the tuple {GENERATE_OUTPUT}"
         )
     mask, ids = output[TOOL_MASK], output[COMPLETION_IDS]
-    if mask is not None and (not isinstance(mask, list) or len(mask) != len(ids)):
+    if mask is None or not ids:
+        return
+    first = mask[0] if isinstance(mask, list) and len(mask) == len(ids) else None
+    if not isinstance(first, list) or len(first) != len(ids[0]) or not set(first) <= {0, 1}:
         raise TRLHostError(
-            f"GRPOTrainer._generate's element {TOOL_MASK} is no longer the tool mask (one list per completion)"
+            f"GRPOTrainer._generate's element {TOOL_MASK} is no longer the tool mask (one 0/1 list per "
+            "completion token)"
         )
 
 

@@ -1,14 +1,14 @@
 """``LengthPluginCallback``: schedules by global step and length/reward curves at the end of training.
 
-Callbacks see neither rewards nor the trainer (host-trl.md §5), so a schedule reaches its consumers
+Callbacks see neither rewards nor the trainer (transformers' TrainerCallback API), so a schedule reaches its consumers
 through *targets*: objects with ``set_length_schedule(name, value)`` and ``attach_model(model)``.
 ``LengthPluginGRPOTrainer`` binds itself to every ``LengthPluginCallback`` it is given (and builds one
 from ``length_penalty_coeff_warmup_steps`` / ``length_curves_png``); a ``LengthPenaltyReward`` wrapper
 on the stock trainer is passed in ``targets``. Values are set in ``on_step_begin``, before the step's
 rollouts are generated, so every rollout of a step sees one value.
 
-Schedulable names: ``length_penalty_coeff`` (the coefficient c of decisions.md §3.1; subclass only) and
-``length_penalty_weight`` (TRL's reward weight of the ``length_penalty`` column, decisions.md §2.4:
+Schedulable names: ``length_penalty_coeff`` (the coefficient c of docs/reference/length-coefficient.md §3.1; subclass only) and
+``length_penalty_weight`` (TRL's reward weight of the ``length_penalty`` column, docs/reference/length-penalties.md §2.4:
 0 switches the shaping's effect off, 1 is the configured shaping).
 """
 

@@ -1,7 +1,7 @@
-"""``LengthPenaltyReward``: the group length penalties (decisions.md §2) for the stock ``GRPOTrainer``.
+"""``LengthPenaltyReward``: the group length penalties (docs/reference/length-penalties.md §2) for the stock ``GRPOTrainer``.
 
 Reward functions see only their own rank's completions and a group may be split across ranks
-(host-trl.md §2.3), so the wrapper gathers what the penalties need itself: every rank calls reward
+(docs/trl.md, "How it hooks into TRL"), so the wrapper gathers what the penalties need itself: every rank calls reward
 functions in the same order, and the gather order is the sampler order, so the gathered rows form
 consecutive groups of the trainer's ``num_generations`` (read from the calling trainer; a different value
 given to the wrapper is refused at the first call). It returns this rank's part of ``shaped -

@@ -157,8 +157,8 @@ def gathered_batch(
     if block is not None:
         rows = dict(reasoning_lengths=values[:, 0], answer_lengths=values[:, 1])
         rows["agents"] = gather_object(local.agents) if local.agents is not None else None
-        if cached:
-            rows["metadata"] = metadata.lookup(values[:, -1])
+        if cached:  # one lookup per group: metadata is per prompt
+            rows["metadata"] = metadata.lookup(values[layout.first_row, -1])
         elif local.metadata is not None:
             rows["metadata"] = gather_object(local.metadata)
     if loss_lengths is not None:

@@ -34,7 +34,7 @@ from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.trl_integration import _host
 from trl_length_plugin.trl_integration.callback import LengthPluginCallback
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig
-from trl_length_plugin.trl_integration.model_card import length_card_section
+from trl_length_plugin.trl_integration.model_card import add_length_control
 from trl_length_plugin.trl_integration.rollouts import (
     METADATA_COLUMNS,
     PROMPT_ID_COLUMN,
@@ -371,10 +371,12 @@ class LengthPluginGRPOTrainer(GRPOTrainer):
 
     # -- model card -------------------------------------------------------------------------------------
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, plus the length-control settings used and the LUSPO citation when LUSPO is on."""
+        """TRL's card (tagged ``trl-length-plugin``) with the length-control settings used and, when LUSPO
+        is on, its citation."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if self.is_world_process_zero():
-            path = os.path.join(self.args.output_dir, "README.md")
-            if os.path.exists(path):
-                with open(path, "a") as card:
-                    card.write(length_card_section(self.args))
+        path = os.path.join(self.args.output_dir, "README.md")
+        if self.is_world_process_zero() and os.path.exists(path):
+            with open(path, encoding="utf-8") as card:
+                text = card.read()
+            with open(path, "w", encoding="utf-8") as card:
+                card.write(add_length_control(text, self.args))
