@@ -1,14 +1,18 @@
-"""The demo: GRPO with TRL on the embedded model and task, without and with length shaping.
+"""The demo: GRPO with TRL on the embedded model and task, plain and with the best length control of
+docs/efficacy.md.
 
-Each run prints a compact table under a progress bar; a PNG compares the length and accuracy curves.
+Each run prints a compact table under a progress bar, then both trained models answer the held-out
+problems; the summary gives the length and accuracy change, and a PNG compares the curves.
 
 Run with ``make demo`` (or ``python -m trl_length_plugin.demo``). No Hub access is needed.
+``bench/bench_efficacy.py`` trains every arm of docs/efficacy.md with the same settings and functions.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -16,15 +20,108 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
 ACCURACY_KEY = "rewards/correctness_reward/mean"
+LENGTH_KEY = "completions/mean_length"
+#: GRPO settings of the demo and of every arm of bench/bench_efficacy.py: 4 prompts x 8 completions a step
+TRAINING = dict(
+    per_device_train_batch_size=32,
+    num_generations=8,
+    max_completion_length=48,
+    temperature=1.0,
+    learning_rate=1e-4,
+    lr_scheduler_type="constant",
+)
+STEPS = 60
+#: the held-out problems: the distinct questions of this draw, removed from every training set
+HELD_OUT_DRAW, HELD_OUT_SEED = 64, 10_000
+#: completions sampled per held-out problem at the training temperature
+EVAL_SAMPLES = 64
+#: the best trade-off of docs/efficacy.md (bench/bench_efficacy.py names and keys it the same way)
+BEST_NAME = "group-relative 1.0"
+BEST = dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40, help="GRPO optimizer steps")
+    parser.add_argument("--steps", type=int, default=STEPS, help="GRPO optimizer steps")
     parser.add_argument("--output-dir", default="outputs/demo", help="where the PNG and logs go")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--learning-rate", type=float, default=1e-4)
     return parser.parse_args(argv)
+
+
+def question(row: dict) -> str:
+    return row["prompt"][0]["content"]
+
+
+def distinct_problems(dataset):
+    """The first row of each distinct question of ``dataset``."""
+    first: dict[str, int] = {}
+    for i, row in enumerate(dataset):
+        first.setdefault(question(row), i)
+    return dataset.select(list(first.values()))
+
+
+def held_out_dataset():
+    """One row per held-out problem, the same for every seed and arm."""
+    from trl_length_plugin.embedded import make_task_dataset
+
+    return distinct_problems(make_task_dataset(HELD_OUT_DRAW, seed=HELD_OUT_SEED))
+
+
+def training_dataset(seed: int, size: int = 2048):
+    """The task's problems drawn with ``seed``, held-out problems removed."""
+    from trl_length_plugin.embedded import make_task_dataset
+
+    held_out = {prompt[0]["content"] for prompt in held_out_dataset()["prompt"]}
+    return make_task_dataset(size, seed=seed).filter(lambda row: question(row) not in held_out)
+
+
+def sampling_config(tokenizer, samples: int = 1):
+    """The sampling settings of training (TRL's defaults at ``TRAINING``'s temperature and length), ``samples``
+    completions per prompt."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        max_new_tokens=TRAINING["max_completion_length"],
+        do_sample=True,
+        temperature=TRAINING["temperature"],
+        top_p=1.0,
+        top_k=0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        num_return_sequences=samples,
+    )
+
+
+def sample(model, tokenizer, dataset, samples: int, seed: int) -> list[dict]:
+    """``samples`` completions per row of ``dataset`` with the training sampling settings, reproducible by
+    ``seed``: one dict per completion with its row index, text, token count (up to and including EOS, as
+    TRL counts ``completions/mean_length``) and correctness."""
+    import torch
+
+    from trl_length_plugin.embedded import score_completion
+
+    torch.manual_seed(seed)
+    config = sampling_config(tokenizer, samples)
+    model.eval()
+    results = []
+    answers = dataset["answer"]
+    step = max(1, 512 // samples)  # about 512 sequences a batch
+    for start in range(0, len(dataset), step):
+        rows = dataset.select(range(start, min(start + step, len(dataset))))
+        prompts = [
+            tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            for prompt in rows["prompt"]
+        ]
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            output = model.generate(**encoded, generation_config=config)
+        for k, ids in enumerate(output[:, encoded["input_ids"].shape[1] :].tolist()):
+            length = ids.index(config.eos_token_id) + 1 if config.eos_token_id in ids else len(ids)
+            text = tokenizer.decode(ids[:length], skip_special_tokens=True)
+            row = start + k // samples
+            correct = score_completion(text, answers[row])
+            results.append(dict(row=row, text=text, tokens=length, correct=correct))
+    return results
 
 
 def make_table_callback(total_steps: int):
@@ -39,10 +136,10 @@ def make_table_callback(total_steps: int):
             self.start = time.perf_counter()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not logs or "completions/mean_length" not in logs:
+            if not logs or LENGTH_KEY not in logs:
                 return
             self.bar.write(
-                f"{state.global_step:>5} {logs['completions/mean_length']:>9.2f} "
+                f"{state.global_step:>5} {logs[LENGTH_KEY]:>9.2f} "
                 f"{logs.get(ACCURACY_KEY, float('nan')):>9.3f} {logs.get('reward', float('nan')):>8.3f} "
                 f"{time.perf_counter() - self.start:>6.0f}"
             )
@@ -56,45 +153,46 @@ def make_table_callback(total_steps: int):
     return TableCallback()
 
 
-SHAPING = dict(
-    length_penalty={"default": {"group_total_length_penalty_coeff": 0.3}},
-    length_penalty_coeff=0.5,
-)
-
-
-def run_arm(name: str, args: argparse.Namespace, model_dir: Path, shaping: dict) -> list[dict]:
-    """One GRPO run on the embedded task; returns the trainer's log history."""
+def train_and_evaluate(
+    keys: dict, seed: int, steps: int, output_dir: str | Path, train_dataset=None, callbacks=()
+) -> dict:
+    """Train one arm (``keys``: its LengthPluginGRPOConfig keys) on the embedded task, then sample the
+    held-out problems. Returns the log history and the held-out ``eval`` length and accuracy."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer, make_task_dataset
+    from trl_length_plugin.embedded import (
+        CPU_RUN_ARGS,
+        correctness_reward,
+        embedded_model_dir,
+        load_tokenizer,
+    )
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
+    model_dir = embedded_model_dir(warm_start=True, seed=seed)
     config = LengthPluginGRPOConfig(
-        output_dir=str(Path(args.output_dir) / name),
-        max_steps=args.steps,
-        per_device_train_batch_size=32,
-        num_generations=8,
-        max_completion_length=48,
-        temperature=1.0,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type="constant",
-        **CPU_RUN_ARGS,
-        seed=args.seed,
-        **shaping,
+        output_dir=str(output_dir), max_steps=steps, seed=seed, **TRAINING, **CPU_RUN_ARGS, **keys
     )
+    tokenizer = load_tokenizer(model_dir)
     trainer = LengthPluginGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
-        processing_class=load_tokenizer(model_dir),
+        processing_class=tokenizer,
         reward_funcs=[correctness_reward],
         args=config,
-        train_dataset=make_task_dataset(2048, seed=args.seed),
-        callbacks=[make_table_callback(args.steps)],
+        train_dataset=training_dataset(seed) if train_dataset is None else train_dataset,
+        callbacks=list(callbacks),
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
     trainer.train()
-    return trainer.state.log_history
+    completions = sample(trainer.model, tokenizer, held_out_dataset(), EVAL_SAMPLES, HELD_OUT_SEED)
+    return dict(
+        history=trainer.state.log_history,
+        eval=dict(
+            length=statistics.fmean(c["tokens"] for c in completions),
+            accuracy=statistics.fmean(c["correct"] for c in completions),
+        ),
+    )
 
 
 def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
@@ -104,26 +202,49 @@ def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
 
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
+    import torch
+
     from trl_length_plugin.embedded import embedded_model_dir
     from trl_length_plugin.plotting import plot_training_curves
 
+    torch.set_num_threads(1)  # the tiny model gains nothing from more, and bench_efficacy trains with one
+
+    started = time.perf_counter()
     print("[demo] preparing the embedded model (built once, then cached)")
-    model_dir = embedded_model_dir(warm_start=True, seed=args.seed)
-    arms = {"plain GRPO": {}, "GRPO + length shaping": SHAPING}
-    histories = {}
-    for name, shaping in arms.items():
-        print(f"\n[demo] {name}: {args.steps} steps, 4 prompts x 8 completions per step {shaping or ''}")
-        histories[name] = run_arm(name.replace(" ", "_").replace("+", "with"), args, model_dir, shaping)
-    print(f"\n[demo] last 10 steps{'':<16} {'mean_len':>9} {'accuracy':>9}")
-    for name, history in histories.items():
-        print(
-            f"[demo] {name:<26} {tail_mean(history, 'completions/mean_length'):>9.2f} "
-            f"{tail_mean(history, ACCURACY_KEY):>9.3f}"
+    embedded_model_dir(warm_start=True, seed=args.seed)
+    arms = {"plain GRPO": {}, BEST_NAME: BEST}
+    runs = {}
+    for name, keys in arms.items():
+        print(f"\n[demo] {name}: {args.steps} steps, 4 prompts x 8 completions per step {keys or ''}")
+        output_dir = Path(args.output_dir) / ("plain" if not keys else "best")
+        runs[name] = train_and_evaluate(
+            keys, args.seed, args.steps, output_dir, callbacks=[make_table_callback(args.steps)]
         )
-    png = plot_training_curves(
-        [], Path(args.output_dir) / "curves.png", title="embedded task, same seed", runs=histories
+    plain = runs["plain GRPO"]
+    print(
+        f"\n[demo] {'':<40} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
+        f"   (train: last 10 steps; eval: {len(held_out_dataset())} held-out problems x {EVAL_SAMPLES})"
     )
-    print(f"[demo] curves written to {png}")
+    for name, run in runs.items():
+        print(
+            f"[demo] {name:<40} {tail_mean(run['history'], LENGTH_KEY):>9.2f} "
+            f"{tail_mean(run['history'], ACCURACY_KEY):>9.3f} {run['eval']['length']:>9.2f} "
+            f"{run['eval']['accuracy']:>9.3f}"
+        )
+    best = runs[BEST_NAME]["eval"]
+    print(
+        f"[demo] {BEST_NAME} vs plain GRPO, held out: length "
+        f"{100 * (best['length'] / plain['eval']['length'] - 1):+.1f}%, accuracy "
+        f"{100 * (best['accuracy'] - plain['eval']['accuracy']):+.1f} points (seed {args.seed}; means and spreads "
+        "over five seeds: docs/efficacy.md)"
+    )
+    png = plot_training_curves(
+        [],
+        Path(args.output_dir) / "curves.png",
+        title="embedded task, same seed",
+        runs={name: run["history"] for name, run in runs.items()},
+    )
+    print(f"[demo] curves written to {png}  ({time.perf_counter() - started:.0f} s in all)")
     return png
 
 

@@ -1,0 +1,542 @@
+"""Which length control to pick: every shaping algorithm, the coefficient, GSPO and LUSPO on the embedded task.
+
+Each arm trains the warm-started embedded model of each seed with the demo's GRPO settings
+(``trl_length_plugin.demo``: 60 steps of 4 prompts x 8 completions), then samples the held-out problems
+(never trained on) at the training temperature. Baseline: plain GRPO of the same seeds, in the same grid.
+Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
+samples, and the means of TRL's ``length_penalty/*`` metrics. The profile arms read per-prompt profiles
+made from the warm model's own rollouts (``warm_reference``).
+
+One JSON per finished run lands in ``--out``/runs; a finished run is not redone, so an interrupted grid
+resumes and a second invocation only summarizes. ``--jobs 2`` (the default) trains one run per core in
+worker processes. At the end: the tables (``--out``/table.md), ``case | measured | baseline | ratio``
+lines, the Pareto PNG and the best trade-off. Recorded in docs/efficacy.md:
+
+    OMP_NUM_THREADS=1 python -m bench.bench_efficacy --png docs/images/efficacy_pareto.png
+        [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...] [--out outputs/efficacy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM"):
+    os.environ.setdefault(_var, "false" if _var == "TOKENIZERS_PARALLELISM" else "1")
+
+from bench._harness import header, report  # noqa: E402
+from trl_length_plugin import demo  # noqa: E402
+
+#: completions per training problem in the warm model's profiles
+PROFILE_SAMPLES = 16
+#: logged steps averaged for the training-side figures
+TAIL = 10
+#: accuracy loss (points, held out) the best trade-off may cost; issue 14's target
+MAX_ACCURACY_LOSS = 2.0
+TARGET_LENGTH_CUT = 30.0
+CLIP = {"epsilon": 2e-3, "epsilon_high": 2.5e-3}  # LUSPO's clip range (docs/reference/luspo.md §4.2)
+#: the penalty keys that read per-prompt profiles or bands (docs/reference/length-penalties.md §2.14)
+PROFILE_KEYS = ("profiled_length_penalty", "profile_band_total", "group_length_penalty_profile_gate")
+MARKERS = "osD^vP*Xh<>p"
+#: TRL's shaping metrics shown per arm, averaged over steps (reference §2.15, length-coefficient.md §3.1)
+STATS = {
+    "length_penalty/reward_delta_mean": "penalties: reward change / rollout",
+    "length_penalty/adjusted_frac": "penalties: rollouts adjusted (%)",
+    "length_penalty/wiped_correct_frac": "penalties: correct wiped to 0 (%)",
+    "length_penalty/coeff_reward_reduction_mean": "coefficient: reward reduction / rollout",
+    "length_penalty/coeff_penalized_frac": "coefficient: rollouts penalized (%)",
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration: its ``LengthPluginGRPOConfig`` keys and, for profile bands, the band floor f."""
+
+    family: str
+    strength: str
+    keys: dict = field(default_factory=dict)
+    band_floor: float = 0.5
+
+    @property
+    def name(self) -> str:
+        return f"{self.family} {self.strength}".strip()
+
+
+def penalty(**params) -> dict:
+    return {"length_penalty": {"default": params}}
+
+
+ARMS = [
+    Arm("plain GRPO", ""),
+    Arm("shortest bonus / longest penalty", "0.2", penalty(total_bonus=0.2, longest_total_penalty=0.2)),
+    Arm("shortest bonus / longest penalty", "0.5", penalty(total_bonus=0.5, longest_total_penalty=0.5)),
+    Arm("group-relative", "0.3", penalty(group_total_length_penalty_coeff=0.3)),
+    Arm("group-relative", "0.6", penalty(group_total_length_penalty_coeff=0.6)),
+    Arm("group-relative", "1.0", penalty(group_total_length_penalty_coeff=1.0)),
+    Arm("zMAD", "z>1 0.3", penalty(total_zmad_threshold=1.0, total_zmad_penalty=0.3)),
+    Arm("zMAD", "z>0.5 0.5", penalty(total_zmad_threshold=0.5, total_zmad_penalty=0.5)),
+    Arm(
+        "profiled-length penalty",
+        "0.3 above mean",
+        penalty(profiled_length_penalty=0.3, profiled_length_n_std=0.0),
+    ),
+    Arm(
+        "profiled-length penalty",
+        "0.5 above mean-1sd",
+        penalty(profiled_length_penalty=0.5, profiled_length_n_std=-1.0),
+    ),
+    Arm("profile band", "f 0.5", penalty(profile_band_total=True), band_floor=0.5),
+    Arm("profile band", "f 0.2", penalty(profile_band_total=True), band_floor=0.2),
+    Arm(
+        "profile-gated group-relative",
+        "0.6",
+        penalty(group_total_length_penalty_coeff=0.6, group_length_penalty_profile_gate=True),
+    ),
+    Arm(
+        "profile-gated group-relative",
+        "1.0",
+        penalty(group_total_length_penalty_coeff=1.0, group_length_penalty_profile_gate=True),
+    ),
+    Arm("pass-rate penalty", "0.5", penalty(pass_rate_length_penalty_weight=0.5)),
+    Arm("pass-rate penalty", "1.0", penalty(pass_rate_length_penalty_weight=1.0)),
+    Arm("coefficient", "0.5", {"length_penalty_coeff": 0.5}),
+    Arm("coefficient", "1.0", {"length_penalty_coeff": 1.0}),
+    Arm("coefficient", "2.0", {"length_penalty_coeff": 2.0}),
+    Arm(
+        "group-relative + coefficient",
+        "0.3 + 0.5",
+        {**penalty(group_total_length_penalty_coeff=0.3), "length_penalty_coeff": 0.5},
+    ),
+    Arm(
+        "group-relative + coefficient",
+        "0.6 + 1.0",
+        {**penalty(group_total_length_penalty_coeff=0.6), "length_penalty_coeff": 1.0},
+    ),
+    Arm(
+        "profile-gated group-relative + band",
+        "0.6 + f 0.5",
+        penalty(
+            group_total_length_penalty_coeff=0.6,
+            group_length_penalty_profile_gate=True,
+            profile_band_total=True,
+        ),
+        band_floor=0.5,
+    ),
+    Arm(
+        "profile-gated group-relative + band",
+        "1.0 + f 0.2",
+        penalty(
+            group_total_length_penalty_coeff=1.0,
+            group_length_penalty_profile_gate=True,
+            profile_band_total=True,
+        ),
+        band_floor=0.2,
+    ),
+    Arm("GSPO", "", {"loss_type": "grpo", "importance_sampling_level": "sequence", **CLIP}),
+    Arm("LUSPO", "", {"luspo": True}),
+]
+ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
+PLAIN = ARMS[0].name
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def uses_profiles(arm: Arm) -> bool:
+    params = arm.keys.get("length_penalty", {}).get("default", {})
+    return any(params.get(key) for key in PROFILE_KEYS)
+
+
+def warm_reference(seed: int) -> dict:
+    """The warm model of ``seed`` before any RL: its held-out ``eval`` figures, and ``profiles`` of its own
+    rollouts, ``PROFILE_SAMPLES`` per training problem at the training settings: ``profiled_rewards``,
+    ``profiled_output_lengths`` (total length in tokens as the shaping measures it,
+    docs/reference/length-penalties.md §2.5) and a ``band`` from the passing lengths (a, b = their 25th and
+    75th percentiles; none with fewer than two passing rollouts)."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
+    from trl_length_plugin.shaping import measure_lengths
+
+    model_dir = embedded_model_dir(warm_start=True, seed=seed)
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    held_out = demo.sample(model, tokenizer, demo.held_out_dataset(), demo.EVAL_SAMPLES, demo.HELD_OUT_SEED)
+    problems = demo.distinct_problems(demo.training_dataset(seed))
+    rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed)
+    totals = measure_lengths([r["text"] for r in rollouts], "tokens", tokenizer).total.tolist()
+    profiles = {}
+    for row in range(len(problems)):
+        mine = [(r["correct"], total) for r, total in zip(rollouts, totals, strict=True) if r["row"] == row]
+        passing = [total for correct, total in mine if correct > 0]
+        band = None
+        if len(passing) >= 2:
+            a, _, b = statistics.quantiles(passing, n=4, method="inclusive")
+            band = {"a": float(a), "b": float(max(b, a + 1))}
+        profiles[demo.question(problems[row])] = {
+            "profiled_rewards": [correct for correct, _ in mine],
+            "profiled_output_lengths": [total for _, total in mine],
+            "band": band,
+        }
+    return dict(
+        settings=warm_settings(),
+        eval=dict(
+            length=statistics.fmean(r["tokens"] for r in held_out),
+            accuracy=statistics.fmean(r["correct"] for r in held_out),
+        ),
+        profiles=profiles,
+    )
+
+
+def warm_settings() -> dict:
+    return json.loads(
+        json.dumps(
+            dict(eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=demo.TRAINING)
+        )
+    )
+
+
+def warm_path(out: Path, seed: int) -> Path:
+    return out / f"warm-seed{seed}.json"
+
+
+def with_profiles(dataset, profiles: dict[str, dict], band_floor: float):
+    """``dataset`` with the per-prompt metadata columns (docs/reference/length-penalties.md §2.14)."""
+
+    def columns(row):
+        profile = profiles[demo.question(row)]
+        band = profile["band"]
+        return {
+            "profiled_rewards": profile["profiled_rewards"],
+            "profiled_output_lengths": profile["profiled_output_lengths"],
+            "profile_band": {"total": {**band, "f": band_floor}} if band else None,
+        }
+
+    return dataset.map(columns)
+
+
+def settings(arm: Arm, steps: int) -> dict:
+    """Everything a run's result depends on, as JSON stores it; a stored run with other settings is redone."""
+    profiles = uses_profiles(arm)
+    return json.loads(
+        json.dumps(
+            dict(
+                keys=arm.keys,
+                band_floor=arm.band_floor if profiles else None,
+                profile_samples=PROFILE_SAMPLES if profiles else None,
+                steps=steps,
+                training=demo.TRAINING,
+                eval_samples=demo.EVAL_SAMPLES,
+            )
+        )
+    )
+
+
+def train_run(arm_name: str, seed: int, steps: int, out: str) -> dict:
+    """One run: train, sample the held-out problems, return the record stored as JSON."""
+    arm = ARMS_BY_NAME[arm_name]
+    started = time.perf_counter()
+    dataset = demo.training_dataset(seed)
+    if uses_profiles(arm):
+        profiles = json.loads(warm_path(Path(out), seed).read_text())["profiles"]
+        dataset = with_profiles(dataset, profiles, arm.band_floor)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = demo.train_and_evaluate(arm.keys, seed, steps, tmp, train_dataset=dataset)
+    history = [row for row in result["history"] if demo.LENGTH_KEY in row]
+    metrics = sorted({key for row in history for key in row if key.startswith("length_penalty/")})
+    return dict(
+        arm=arm.name,
+        seed=seed,
+        settings=settings(arm, steps),
+        train=dict(
+            length=demo.tail_mean(history, demo.LENGTH_KEY, TAIL),
+            accuracy=demo.tail_mean(history, demo.ACCURACY_KEY, TAIL),
+        ),
+        eval=result["eval"],
+        shaping={key: statistics.fmean(row[key] for row in history if key in row) for key in metrics},
+        curve=[[row["step"], row[demo.LENGTH_KEY], row[demo.ACCURACY_KEY]] for row in history],
+        seconds=time.perf_counter() - started,
+    )
+
+
+def quiet() -> None:
+    """One torch thread, no per-run progress bars or tokenizer notices (every worker, and the main process)."""
+    import datasets
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def run_path(out: Path, arm_name: str, seed: int) -> Path:
+    return out / "runs" / f"{slug(arm_name)}-seed{seed}.json"
+
+
+def finished(out: Path, arm: Arm, seed: int, steps: int) -> dict | None:
+    """The stored record of this run with these settings, if any."""
+    path = run_path(out, arm.name, seed)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return record if record["settings"] == settings(arm, steps) else None
+
+
+def run_grid(
+    arms: list[Arm],
+    seeds: list[int],
+    steps: int,
+    out: Path,
+    jobs: int = 1,
+    run: Callable[[str, int, int, str], dict] = train_run,
+) -> list[dict]:
+    """Every (arm, seed) run, finished ones skipped; each new record is written as soon as it finishes."""
+    from tqdm.auto import tqdm
+
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    records, todo = [], []
+    for arm in arms:
+        for seed in seeds:
+            record = finished(out, arm, seed, steps)
+            if record is None:
+                todo.append((arm.name, seed))
+            else:
+                records.append(record)
+    bar = tqdm(total=len(todo), desc=f"runs ({len(records)} finished before)", unit="run")
+
+    def keep(record: dict) -> None:
+        run_path(out, record["arm"], record["seed"]).write_text(json.dumps(record))
+        records.append(record)
+        bar.set_postfix_str(f"{record['arm']}, seed {record['seed']}: {record['seconds']:.0f} s")
+        bar.update(1)
+
+    if jobs == 1:
+        for arm_name, seed in todo:
+            keep(run(arm_name, seed, steps, str(out)))
+    else:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=quiet) as pool:
+            futures = [pool.submit(run, arm_name, seed, steps, str(out)) for arm_name, seed in todo]
+            for future in as_completed(futures):
+                keep(future.result())
+    bar.close()
+    return records
+
+
+def mean_spread(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(records: list[dict], arms: list[Arm]) -> list[dict]:
+    """Per arm with a run for every seed of plain GRPO: (mean, spread over seeds) of each figure; changes vs
+    plain GRPO are taken per seed against the same seed's plain run (held-out length in %, accuracy in
+    points), as are the means of the shaping metrics."""
+    by_run = {(r["arm"], r["seed"]): r for r in records}
+    seeds = sorted(seed for name, seed in by_run if name == PLAIN)
+    rows = []
+    for arm in arms:
+        if not all((arm.name, seed) in by_run for seed in seeds):
+            continue
+        pairs = [(by_run[arm.name, seed], by_run[PLAIN, seed]) for seed in seeds]
+        row = {"arm": arm}
+        for part in ("eval", "train"):
+            row[f"{part}_length"] = mean_spread([r[part]["length"] for r, _ in pairs])
+            row[f"{part}_accuracy"] = mean_spread([100 * r[part]["accuracy"] for r, _ in pairs])
+        row["length_change"] = mean_spread(
+            [100 * (r["eval"]["length"] / p["eval"]["length"] - 1) for r, p in pairs]
+        )
+        row["accuracy_change"] = mean_spread(
+            [100 * (r["eval"]["accuracy"] - p["eval"]["accuracy"]) for r, p in pairs]
+        )
+        row["shaping"] = {
+            key: statistics.fmean(r["shaping"].get(key, 0.0) for r, _ in pairs) for key in STATS
+        }
+        rows.append(row)
+    return rows
+
+
+def best_trade_off(rows: list[dict]) -> dict:
+    """The arm with the largest mean held-out length cut whose mean accuracy loss is at most 2 points."""
+    eligible = [r for r in rows if r["arm"].name != PLAIN and r["accuracy_change"][0] >= -MAX_ACCURACY_LOSS]
+    return min(eligible, key=lambda r: r["length_change"][0])
+
+
+def _pm(pair: tuple[float, float], digits: int = 1, sign: str = "") -> str:
+    return f"{pair[0]:{sign}.{digits}f} ± {pair[1]:.{digits}f}"
+
+
+def markdown_tables(rows: list[dict], warm: list[dict]) -> str:
+    """The results table (warm start first) and the table of shaping metrics."""
+    lines = [
+        "| arm | held-out length (tokens) | length vs plain | held-out accuracy (%) | accuracy vs plain "
+        "(points) | train length (tokens) | train accuracy (%) |",
+        "|---|---|---|---|---|---|---|",
+        f"| warm start, before RL | {_pm(mean_spread([w['eval']['length'] for w in warm]))} | | "
+        f"{_pm(mean_spread([100 * w['eval']['accuracy'] for w in warm]))} | | | |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['arm'].name} | {_pm(r['eval_length'])} | {_pm(r['length_change'], sign='+')}% "
+            f"| {_pm(r['eval_accuracy'])} | {_pm(r['accuracy_change'], sign='+')} | {_pm(r['train_length'])} "
+            f"| {_pm(r['train_accuracy'])} |"
+        )
+    lines += [
+        "",
+        "| arm | " + " | ".join(STATS.values()) + " |",
+        "|---|" + "---|" * len(STATS),
+    ]
+    for r in rows:
+        if any(r["shaping"].values()):
+            cells = [
+                ""
+                if v is None
+                else f"{100 * v:.1f}"
+                if key.endswith("_frac")
+                else f"{round(v, 3) + 0.0:+.3f}"
+                for key, v in r["shaping"].items()
+            ]
+            lines.append(f"| {r['arm'].name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pareto_front(rows: list[dict]) -> list[dict]:
+    """The arms no other arm matches or beats on both mean held-out length change and accuracy change."""
+    points = [(r["length_change"][0], r["accuracy_change"][0]) for r in rows]
+
+    def beaten(x: float, y: float) -> bool:
+        return any(ox <= x and oy >= y and (ox, oy) != (x, y) for ox, oy in points)
+
+    return sorted(
+        (r for r, p in zip(rows, points, strict=True) if not beaten(*p)), key=lambda r: r["length_change"][0]
+    )
+
+
+def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
+    """Held-out length change (x) and accuracy change (y) vs plain GRPO, one point per arm with its spread
+    over seeds, the Pareto front and the target region."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(13, 7))
+    ax.axvspan(-100, -TARGET_LENGTH_CUT, color="tab:green", alpha=0.06)
+    ax.axhline(-MAX_ACCURACY_LOSS, color="tab:green", lw=0.8, ls="--")
+    ax.axvline(
+        -TARGET_LENGTH_CUT, color="tab:green", lw=0.8, ls="--", label="target: >= 30% shorter, >= -2 points"
+    )
+    families = list(dict.fromkeys(r["arm"].family for r in rows))
+    for r in rows:
+        (x, dx), (y, dy) = r["length_change"], r["accuracy_change"]
+        k = families.index(r["arm"].family)
+        first = r is next(o for o in rows if o["arm"].family == r["arm"].family)
+        color = plt.get_cmap("tab20")((2 * k) % 20 + (2 * k) // 20 % 2)  # ten dark hues, then light ones
+        ax.errorbar(x, y, xerr=dx, yerr=dy, fmt="none", ecolor=color, alpha=0.3, lw=0.8, capsize=2)
+        ax.plot(x, y, MARKERS[k % len(MARKERS)], color=color, ms=7, label=r["arm"].family if first else None)
+        ax.annotate(r["arm"].strength, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    front = pareto_front(rows)
+    ax.plot(
+        [r["length_change"][0] for r in front],
+        [r["accuracy_change"][0] for r in front],
+        "k-",
+        lw=1,
+        alpha=0.5,
+        label="Pareto front (means)",
+    )
+    xs = [r["length_change"][0] for r in rows]
+    ax.set_xlim(min(*xs, -TARGET_LENGTH_CUT) - 5, max(xs) + 5)
+    ax.set_xlabel("held-out mean completion length vs plain GRPO (%)")
+    ax.set_ylabel("held-out accuracy vs plain GRPO (points)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; figures are means over seeds")
+    parser.add_argument("--steps", type=int, default=demo.STEPS, help="GRPO optimizer steps per run")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="runs trained at once, one worker process each (1: in this process)",
+    )
+    parser.add_argument(
+        "--arms", default="", help="comma-separated arm names (default all); plain GRPO always runs"
+    )
+    parser.add_argument("--out", default="outputs/efficacy", help="run records, warm profiles, the table")
+    parser.add_argument("--png", default="outputs/efficacy/efficacy_pareto.png", help="the Pareto PNG")
+    args = parser.parse_args(argv)
+    quiet()
+    started = time.perf_counter()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    wanted = [name.strip() for name in args.arms.split(",") if name.strip() and name.strip() != PLAIN]
+    arms = [ARMS_BY_NAME[PLAIN], *(ARMS_BY_NAME[name] for name in wanted)] if wanted else ARMS
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    warm = []
+    for seed in seeds:
+        path = warm_path(out, seed)
+        stored = json.loads(path.read_text()) if path.exists() else None
+        reference = dict(
+            eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=demo.TRAINING
+        )
+        if stored is None or stored["settings"] != json.loads(json.dumps(reference)):
+            print(
+                f"# warm model of seed {seed}: held-out samples and {PROFILE_SAMPLES} rollouts per training problem"
+            )
+            stored = warm_reference(seed)
+            path.write_text(json.dumps(stored))
+        warm.append(stored)
+    records = run_grid(arms, seeds, args.steps, out, args.jobs)
+    rows = summarize(records, arms)
+    tables = markdown_tables(rows, warm)
+    (out / "table.md").write_text(tables + "\n")
+    print(
+        f"\n# {args.steps} steps, seeds {args.seeds}; held out: {len(demo.held_out_dataset())} problems x "
+        f"{demo.EVAL_SAMPLES} samples at temperature {demo.TRAINING['temperature']}; train: last {TAIL} steps"
+    )
+    print(tables)
+    header(f"held-out figures, mean over seeds {args.seeds}: each arm (measured) vs plain GRPO (baseline)")
+    plain = rows[0]
+    for r in rows[1:]:
+        report(f"{r['arm'].name}: length", r["eval_length"][0], plain["eval_length"][0], "tk")
+        report(f"{r['arm'].name}: accuracy", r["eval_accuracy"][0], plain["eval_accuracy"][0], "%")
+    png = plot_pareto(
+        rows, Path(args.png), f"length control on the embedded task: {args.steps} steps, seeds {args.seeds}"
+    )
+    best = best_trade_off(rows)
+    cut, change = -best["length_change"][0], best["accuracy_change"][0]
+    print(
+        f"# best trade-off (largest held-out length cut at <= {MAX_ACCURACY_LOSS:g} points accuracy loss): "
+        f"{best['arm'].name}: length {-cut:+.1f}%, accuracy {change:+.1f} points; target (>= "
+        f"{TARGET_LENGTH_CUT:g}% shorter) {'met' if cut >= TARGET_LENGTH_CUT else 'not met'}"
+    )
+    print(
+        f"# Pareto PNG: {png}; tables: {out / 'table.md'}; {len(records)} runs, "
+        f"{sum(r['seconds'] for r in records) / 60:.1f} min of run time in all; this invocation "
+        f"{(time.perf_counter() - started) / 60:.1f} min wall (--jobs {args.jobs})"
+    )
+
+
+if __name__ == "__main__":
+    main()

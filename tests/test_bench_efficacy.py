@@ -1,0 +1,131 @@
+"""bench/bench_efficacy.py without training (issue 14): its arms, the profile columns, resumable runs, the
+summary, and that the demo trains the best trade-off docs/efficacy.md names."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import bench_efficacy as bench
+from trl_length_plugin import demo
+
+REPO = Path(__file__).resolve().parents[1]
+LOSS_ARMS = {"GSPO", "LUSPO"}
+
+
+@pytest.mark.parametrize("arm", bench.ARMS, ids=lambda arm: arm.name)
+def test_every_arm_builds_a_valid_config(arm, tmp_path):
+    from trl_length_plugin.embedded import CPU_RUN_ARGS
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
+
+    config = LengthPluginGRPOConfig(
+        output_dir=str(tmp_path), max_steps=demo.STEPS, seed=0, **demo.TRAINING, **CPU_RUN_ARGS, **arm.keys
+    )
+    assert config.shaping.enabled == (arm.name not in {bench.PLAIN, *LOSS_ARMS})
+    if arm.name in LOSS_ARMS:
+        assert config.importance_sampling_level == "sequence"
+        assert (config.epsilon, config.epsilon_high) == (2e-3, 2.5e-3)
+        assert config.loss_type == {"GSPO": "grpo", "LUSPO": "luspo"}[arm.name]
+
+
+def test_arms_have_distinct_names_and_files():
+    assert len({bench.slug(arm.name) for arm in bench.ARMS}) == len(bench.ARMS)
+    assert bench.ARMS[0].name == bench.PLAIN and not bench.ARMS[0].keys
+
+
+def test_profile_columns_parse_as_valid_metadata():
+    from trl_length_plugin.shaping.metadata import parse_prompt_metadata
+    from trl_length_plugin.trl_integration.rollouts import METADATA_COLUMNS
+
+    dataset = demo.training_dataset(0, size=64)
+    questions = sorted({demo.question(row) for row in dataset})
+    profiles = {
+        q: {
+            "profiled_rewards": [1, 0, 1],
+            "profiled_output_lengths": [10, 30, 14],
+            "band": {"a": 11.0, "b": 13.0} if i % 2 else None,
+        }
+        for i, q in enumerate(questions)
+    }
+    shaped = bench.with_profiles(dataset, profiles, band_floor=0.2)
+    parsed = parse_prompt_metadata([{key: row[key] for key in METADATA_COLUMNS} for row in shaped])
+    assert not parsed.invalid.any()
+    for row, bands in zip(shaped, parsed.bands, strict=True):
+        if profiles[demo.question(row)]["band"] is None:
+            assert math.isnan(bands[0, 0])
+        else:
+            assert bands[0].tolist() == [11.0, 13.0, 0.2]
+    assert parsed.profiled[0].tolist() == [2, 24, 10**2 + 14**2]  # passing count, sum, sum of squares
+
+
+def fake_record(arm_name: str, seed: int, steps: int, length: float = 20.0, accuracy: float = 0.4) -> dict:
+    return dict(
+        arm=arm_name,
+        seed=seed,
+        settings=bench.settings(bench.ARMS_BY_NAME[arm_name], steps),
+        train=dict(length=length, accuracy=accuracy),
+        eval=dict(length=length, accuracy=accuracy),
+        shaping={},
+        curve=[],
+        seconds=0.0,
+    )
+
+
+def test_run_grid_skips_finished_runs(tmp_path):
+    calls = []
+
+    def stub(arm_name, seed, steps, out):
+        calls.append((arm_name, seed, steps))
+        return fake_record(arm_name, seed, steps)
+
+    arms = bench.ARMS[:3]
+    records = bench.run_grid(arms, [0, 1], 5, tmp_path, run=stub)
+    assert len(calls) == len(records) == 6
+    assert len(list((tmp_path / "runs").glob("*.json"))) == 6
+
+    calls.clear()
+    assert len(bench.run_grid(arms, [0, 1], 5, tmp_path, run=stub)) == 6
+    assert calls == []  # every run finished: nothing is redone
+
+    bench.run_path(tmp_path, arms[1].name, 1).unlink()
+    bench.run_grid(arms, [0, 1], 5, tmp_path, run=stub)
+    assert calls == [(arms[1].name, 1, 5)]  # only the missing run
+
+    calls.clear()
+    bench.run_grid(arms[:1], [0], 6, tmp_path, run=stub)
+    assert calls == [(bench.PLAIN, 0, 6)]  # other settings: the stored run does not count
+
+
+def test_summary_changes_are_per_seed_and_the_best_trade_off_keeps_accuracy():
+    figures = {  # arm: (held-out length, accuracy) for seeds 0 and 1
+        bench.PLAIN: [(20.0, 0.40), (22.0, 0.30)],
+        "coefficient 2.0": [(10.0, 0.35), (11.0, 0.26)],  # -50%, -4.5 points: too costly
+        "group-relative 1.0": [(13.0, 0.39), (14.3, 0.30)],  # -35%, -0.5 points
+        "zMAD z>1 0.3": [(18.0, 0.41), (19.8, 0.31)],  # -10%, +1 point
+    }
+    records = [
+        fake_record(name, seed, 5, length, accuracy)
+        for name, runs in figures.items()
+        for seed, (length, accuracy) in enumerate(runs)
+    ]
+    rows = bench.summarize(records, [bench.ARMS_BY_NAME[name] for name in figures])
+    by_name = {row["arm"].name: row for row in rows}
+    assert by_name["group-relative 1.0"]["length_change"][0] == pytest.approx(-35.0)
+    assert by_name["group-relative 1.0"]["accuracy_change"][0] == pytest.approx(-0.5)
+    assert by_name["coefficient 2.0"]["accuracy_change"][0] == pytest.approx(-4.5)
+    assert bench.best_trade_off(rows)["arm"].name == "group-relative 1.0"
+    assert [row["arm"].name for row in bench.pareto_front(rows)] == [
+        "coefficient 2.0",
+        "group-relative 1.0",
+        "zMAD z>1 0.3",
+    ]
+    tables = bench.markdown_tables(rows, [{"eval": {"length": 25.0, "accuracy": 0.4}}])
+    assert "| group-relative 1.0 | 13.7 ± 0.9 | -35.0 ± 0.0% | 34.5 ± 6.4 | -0.5 ± 0.7 |" in tables
+
+
+def test_demo_trains_the_best_trade_off_named_in_docs():
+    assert bench.ARMS_BY_NAME[demo.BEST_NAME].keys == demo.BEST
+    text = (REPO / "docs" / "efficacy.md").read_text()
+    assert f"Best trade-off: **{demo.BEST_NAME}**" in text
