@@ -1,4 +1,4 @@
-"""The verl version this adapter was written for, checked once at import (DEVELOPERS.md: host patches)."""
+"""The verl version this adapter was written for, checked once at import (docs/reference/product.md §1.5)."""
 
 from __future__ import annotations
 
