@@ -27,9 +27,9 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     micro_batch,
     packed_logits,
     reference_layout,
+    reference_loss,
     settings_and_actor,
 )
-from trl_length_plugin.losses.score_centering import compute_score_centering_term  # noqa: E402
 from verl_adapter.score_centering_config import BASE_LOSS_AGGREGATION  # noqa: E402
 from verl_adapter.score_centering_loss import (  # noqa: E402
     CLIPPED,
@@ -112,58 +112,9 @@ def run(settings, actor, rollouts, logits, shards, weights=None, adaptive_k=None
 
 
 def reference(settings, actor, rollouts, logits, weights=None, k=0.0):
-    """Base loss (verl's own function on padded tensors, with the mode's sampled-token weights) plus the
-    core's C aggregated by hand: token-mean sum / tokens, seq-mean-token-sum sum / sequences,
-    seq-mean-token-mean the mean over sequences of each sequence's token mean."""
+    """``reference_loss`` on a float64 leaf: the loss, its gradient, C and the padded layout."""
     leaf = logits.detach().requires_grad_(True)
-    ref = reference_layout(rollouts, leaf)
-    mask, advantages = ref["mask"], ref["advantages"]
-    bounds = settings.bounds
-    if settings.mode == "adaptive-ppo-clip":
-        bounds = (bounds[0], bounds[1] + k)
-    ratio = torch.where(mask, ref["old"] - ref["rollout"], 0.0).exp()
-    if settings.mode == "is":
-        token_weights = ratio * mask
-    elif settings.mode == "adaptive-ppo-clip":
-        lo, hi = bounds
-        kept = (ratio <= settings.outer_bound) & torch.where(advantages < 0, ratio >= lo, ratio <= hi)
-        token_weights = torch.where(kept & mask, ratio, 0.0)
-    else:
-        token_weights = (
-            None if weights is None else torch.nn.utils.rnn.pad_sequence(weights, batch_first=True)
-        )
-    actor.global_batch_info.update(
-        dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=len(rollouts), loss_scale_factor=None
-    )
-    old = ref["sampled"].detach() if settings.force_on_policy else ref["old"]
-    base, _ = core_algos.get_policy_loss_fn(settings.base_loss_mode)(
-        old_log_prob=old,
-        log_prob=ref["sampled"],
-        advantages=advantages,
-        response_mask=mask,
-        loss_agg_mode=actor.loss_agg_mode,
-        config=actor,
-        rollout_is_weights=token_weights,
-    )
-    term = compute_score_centering_term(
-        ref["head"],
-        sampler_topk_logprobs=ref["sampler"],
-        importance_sampling_mode=settings.mode,
-        is_bounds=bounds,
-        token_mask=mask,
-        sampler_replay=False,
-        adaptive_ppo_clip_advantages=advantages if settings.mode == "adaptive-ppo-clip" else None,
-        adaptive_ppo_clip_outer_bound=settings.outer_bound,
-    )
-    per_token = advantages * term.correction * mask
-    aggregation = settings.aggregation(actor.loss_agg_mode)
-    if aggregation == "token-mean":
-        centering = per_token.sum() / mask.sum()
-    elif aggregation == "seq-mean-token-sum":
-        centering = per_token.sum() / len(rollouts)
-    else:
-        centering = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    loss = base + centering
+    loss, term, ref = reference_loss(settings, actor, rollouts, leaf, weights, k)
     loss.backward()
     return loss.item(), leaf.grad, term, ref
 

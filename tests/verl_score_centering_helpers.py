@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
+from verl.trainer.ppo import core_algos
 from verl.utils import tensordict_utils as tu
 
 from tests.verl_length_helpers import compose_verl
+from trl_length_plugin.losses.score_centering import compute_score_centering_term
 from verl_adapter.score_centering_config import resolve_settings
 from verl_adapter.score_centering_loss import HOOK_FLAGS
 from verl_adapter.score_centering_trainer import worker_actor_config
@@ -198,3 +200,58 @@ def reference_layout(rollouts: Rollouts, logits: torch.Tensor):
         "old": pad(rollouts.old_log_probs),
         "rollout": pad(rollouts.rollout_log_probs),
     }
+
+
+def reference_loss(settings, actor, rollouts, logits, weights=None, k=0.0):
+    """Base loss (verl's own function on padded tensors, with the mode's sampled-token weights) plus the
+    core's C aggregated by hand: token-mean sum / tokens, seq-mean-token-sum sum / sequences,
+    seq-mean-token-mean the mean over sequences of each sequence's token mean. ``logits [sum S, V]`` over
+    the rows in order (row j predicts token j + 1 of its sequence); returns (loss, C, the padded layout)."""
+    ref = reference_layout(rollouts, logits)
+    mask, advantages = ref["mask"], ref["advantages"]
+    bounds = settings.bounds
+    if settings.mode == "adaptive-ppo-clip":
+        bounds = (bounds[0], bounds[1] + k)
+    ratio = torch.where(mask, ref["old"] - ref["rollout"], 0.0).exp()
+    if settings.mode == "is":
+        token_weights = ratio * mask
+    elif settings.mode == "adaptive-ppo-clip":
+        lo, hi = bounds
+        kept = (ratio <= settings.outer_bound) & torch.where(advantages < 0, ratio >= lo, ratio <= hi)
+        token_weights = torch.where(kept & mask, ratio, 0.0)
+    else:
+        token_weights = (
+            None if weights is None else torch.nn.utils.rnn.pad_sequence(weights, batch_first=True)
+        )
+    actor.global_batch_info.update(
+        dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=len(rollouts), loss_scale_factor=None
+    )
+    old = ref["sampled"].detach() if settings.force_on_policy else ref["old"]
+    base, _ = core_algos.get_policy_loss_fn(settings.base_loss_mode)(
+        old_log_prob=old,
+        log_prob=ref["sampled"],
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=actor.loss_agg_mode,
+        config=actor,
+        rollout_is_weights=token_weights,
+    )
+    term = compute_score_centering_term(
+        ref["head"],
+        sampler_topk_logprobs=ref["sampler"],
+        importance_sampling_mode=settings.mode,
+        is_bounds=bounds,
+        token_mask=mask,
+        sampler_replay=False,
+        adaptive_ppo_clip_advantages=advantages if settings.mode == "adaptive-ppo-clip" else None,
+        adaptive_ppo_clip_outer_bound=settings.outer_bound,
+    )
+    per_token = advantages * term.correction * mask
+    aggregation = settings.aggregation(actor.loss_agg_mode)
+    if aggregation == "token-mean":
+        centering = per_token.sum() / mask.sum()
+    elif aggregation == "seq-mean-token-sum":
+        centering = per_token.sum() / len(rollouts)
+    else:
+        centering = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    return base + centering, term, ref
