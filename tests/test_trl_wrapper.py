@@ -128,6 +128,18 @@ def test_wrapper_rejections():
         wrapper.set_length_schedule("length_penalty_coeff", 1.0)
 
 
+def test_wrapper_takes_the_blocks_reasoning_tags():
+    """Tags set only in the block apply (reference §2.5); tags given to both must agree."""
+    block = {"default": {"length_type": "chars", "total_bonus": 0.1}, "reasoning_tags": ["<r>", "</r>"]}
+    assert LengthPenaltyReward(correctness_reward, block).shaping.tags == ("<r>", "</r>")
+    assert LengthPenaltyReward(correctness_reward, block, reasoning_tags=("<r>", "</r>")).shaping.tags == (
+        "<r>",
+        "</r>",
+    )
+    with pytest.raises(ValueError, match="reasoning_tags: .* disagrees"):
+        LengthPenaltyReward(correctness_reward, block, reasoning_tags=("<think>", "</think>"))
+
+
 def unscorable_every_third(completions, answer, **kwargs):
     """The embedded correctness reward with ``None`` (unscorable) on every third row."""
     scores = correctness_reward(completions, answer, **kwargs)

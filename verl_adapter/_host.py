@@ -1,5 +1,5 @@
-"""The verl version this adapter was written for, checked once at import, and the legacy trainer's guard
-(docs/verl.md, "Not supported")."""
+"""The verl version this adapter was written for, checked once at import (docs/reference/product.md §1.5),
+and the legacy trainer's guard (docs/verl.md, "Not supported")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 verl swallows plugin import errors at debug level, so a failure here is logged at ERROR level with the
 traceback, kept in ``LOAD_ERRORS``, and fails closed: every verl trainer then refuses, in the TaskRunner
 before any worker starts, a config that uses one of the plugin's keys or its ``luspo`` loss, naming the
-load error, instead of training on raw rewards.
+load error, instead of training on raw rewards (docs/reference/product.md §1.5).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Completions have the form ``<think>…</think>answer``. The reasoning carries a random number of
 filler words, so a warm-started model answers with reasoning of varied length that correctness does
-not need: length shaping then has something to remove (DEVELOPERS.md, issue 2).
+not need: length shaping then has something to remove (docs/embedded.md).
 """
 
 from __future__ import annotations

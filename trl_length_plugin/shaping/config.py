@@ -1,6 +1,7 @@
 """The typed length-shaping config: the ``length_penalty`` block and ``LengthShapingConfig``, which holds
 it with the coefficient, its floor and warm-up, the reasoning tags and the zero-std filter switch
-(docs/reference/length-penalties.md §2.1, §2.3, §2.12; docs/reference/length-coefficient.md §3.1).
+(docs/reference/product.md §1.4; docs/reference/length-penalties.md §2.1, §2.3, §2.12;
+docs/reference/length-coefficient.md §3.1).
 
 Unknown keys, misspelled values, NaN and infinities, fractions for integer keys, booleans for numbers and
 out-of-range numbers are rejected when the config is loaded; :func:`config_error` turns pydantic's error

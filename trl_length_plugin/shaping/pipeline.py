@@ -1,6 +1,6 @@
 """The one shaping step every host runs: penalties, coefficient, group normalization and the zero-std
-filter on one group layout (docs/reference/length-penalties.md §2, docs/reference/length-coefficient.md
-§3).
+filter on one group layout (docs/reference/length-coefficient.md §3.6; its parts:
+docs/reference/length-penalties.md §2 and docs/reference/length-coefficient.md §3.1-3.3).
 
 A host adapter translates its rollouts into a :class:`RolloutBatch`, calls :func:`shape_rollouts` once per
 training batch and writes the :class:`ShapingResult` back: the shaped correctness rewards, the §3.3

@@ -1,5 +1,5 @@
 """Per-group records of what the length shaping did, for ``verbose`` logs
-(docs/reference/length-penalties.md §2.13).
+(docs/reference/length-penalties.md §2.15).
 
 Built only when ``verbose`` is on, so the default path never loops over groups.
 """

@@ -1,4 +1,4 @@
-"""Every TRL internal the integration relies on, named and checked (DEVELOPERS.md: host patches).
+"""Every TRL internal the integration relies on, named and checked (docs/reference/product.md §1.5).
 
 ``LengthPluginGRPOTrainer`` overrides private ``GRPOTrainer`` methods and reads or writes some of their
 data. :func:`check_trl_host` checks at setup that TRL is the release line we built for and that each

@@ -57,7 +57,8 @@ class LengthPenaltyReward:
 
     ``length_penalty``: the §2.1 block (mapping, JSON string, YAML path or ``LengthPenaltyConfig``);
     ``num_generations``: optional, TRL's G (it is read from the calling trainer; a different value is an
-    error); ``tokenizer``: required when some agent counts ``tokens``; ``metrics``: when true (default),
+    error); ``tokenizer``: required when some agent counts ``tokens``; ``reasoning_tags``: the reasoning
+    channel's tags when the block sets none (default ``<think>``, ``</think>``); ``metrics``: when true (default),
     the §2.15 metrics go to TRL's logs through ``log_metric``.
     """
 
@@ -69,12 +70,15 @@ class LengthPenaltyReward:
         length_penalty: LengthPenaltyConfig | Mapping[str, Any] | str,
         num_generations: int | None = None,
         tokenizer: Any = None,
-        reasoning_tags: Sequence[str] = ("<think>", "</think>"),
+        reasoning_tags: Sequence[str] | None = None,
         agent_column: str = "agent",
         metrics: bool = True,
     ):
         try:
-            config = load_shaping_config({"length_penalty": length_penalty, "reasoning_tags": reasoning_tags})
+            given = {"length_penalty": length_penalty}
+            if reasoning_tags is not None:  # else the block's own tags, or the default pair (reference §2.5)
+                given["reasoning_tags"] = reasoning_tags
+            config = load_shaping_config(given)
         except LengthConfigError as err:
             raise ValueError(str(err)) from None
         if not config.penalties_on:
