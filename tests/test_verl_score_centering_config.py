@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,7 @@ from tests.verl_score_centering_helpers import MODES, composed, with_overrides  
 from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 from verl_adapter.score_centering_config import MANAGER_CLASS, resolve_settings  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 RECIPE = RECIPES_DIR / "verl" / "grpo_score_centering_qwen2.5-0.5b.sh"
 TOKEN_IS = ["algorithm.rollout_correction.rollout_is=token"]
 FORCE = ["+force_on_policy_ratio=true"]
@@ -154,8 +156,9 @@ def test_the_recipe_composes_with_verls_config_and_passes_both_validations(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_bad_key_stops_main_ppo_before_workers(tmp_path):
-    """``python3 -m verl.trainer.main_ppo`` with the recipe and a sampling filter exits naming the key."""
+def test_a_bad_key_stops_main_ppo_before_workers(tmp_path, vllm_for_verl):
+    """``python3 -m verl.trainer.main_ppo`` with the recipe and a sampling filter exits naming the key (this
+    checkout first on ``PYTHONPATH``, so verl's Ray actors load its adapter)."""
     overrides = recipe_overrides(RECIPE, tmp_path) + [
         "actor_rollout_ref.rollout.top_p=0.9",
         "ray_kwargs.ray_init.num_cpus=2",
@@ -163,12 +166,13 @@ def test_a_bad_key_stops_main_ppo_before_workers(tmp_path):
         "+ray_kwargs.ray_init.include_dashboard=False",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     out = subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )  # fmt: skip
     log = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "actor_rollout_ref.rollout.top_p/top_k: sampling filters need sampler replay" in log
+    assert "actor_rollout_ref.rollout.top_p/top_k: sampling filters need sampler replay" in log, log[-4000:]
     assert "create worker group" not in log and "actor and ref model engine initialized" not in log
