@@ -30,3 +30,29 @@ def random_model_dir() -> Path:
     from trl_length_plugin.embedded import embedded_model_dir
 
     return embedded_model_dir(warm_start=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_for_verl(tmp_path_factory):
+    """The CPU build of vLLM made visible to verl for this session (``vllm_metadata``): on ``sys.path`` and
+    ``PYTHONPATH`` (for Ray and vLLM subprocesses); yields the shim directory, or None when none is needed."""
+    import sys
+
+    pytest.importorskip("vllm")
+    from tests.verl_score_centering_helpers import vllm_metadata
+
+    shim = vllm_metadata(tmp_path_factory.mktemp("vllm_metadata"))
+    if shim is None:
+        yield None
+        return
+    sys.path.insert(0, str(shim))
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), str(REPO), previous) if p)
+    try:
+        yield shim
+    finally:
+        sys.path.remove(str(shim))
+        if previous is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous

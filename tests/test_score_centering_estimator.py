@@ -13,7 +13,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_length_plugin.losses.score_centering import compute_score_centering_term, score_centering_metrics
+from trl_length_plugin.losses.score_centering import (
+    compute_score_centering_term,
+    score_centering_metrics,
+    score_centering_token_metrics,
+)
 from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
 
 MODES = ("off", "is", "tis", "icepop", "adaptive-ppo-clip")
@@ -338,6 +342,14 @@ def test_metrics_are_masked_means():
     assert metrics["score_centering/correction_abs_mean"] == pytest.approx(
         float(out.correction.abs()[mask].mean())
     )
+    per_token = score_centering_token_metrics(
+        lp, sampler_topk_logprobs=lq, correction=out.correction, token_mask=mask, sampler_replay=False
+    )
+    assert sorted(per_token) == sorted(metrics)
+    for key, values in per_token.items():  # per position, 0 where masked; their masked mean is the metric
+        assert values.shape == mask.shape and not values[~mask].any()
+        assert float(values.sum() / n) == pytest.approx(float(metrics[key]))
+    torch.testing.assert_close(per_token["score_centering/rho_mean"][mask], rho[mask].to(torch.float64))
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.losses.topk_logprobs import logprobs_at_ids, policy_logprobs_at_sampler_topk
 
 B, T, H, V, K = 2, 5, 16, 97, 6
 
@@ -271,3 +271,52 @@ def test_rejects_out_of_range_ids_and_bad_temperature():
         policy_logprobs_at_sampler_topk(
             hidden, weight, bias, sampled_ids=sampled, sampler_topk_ids=ids, temperature=0
         )
+
+
+# -- from logits (hosts that hand over the logits: verl's actor) ----------------------------------------------
+@pytest.mark.parametrize("chunk", [1, 3, 1024])
+def test_logprobs_at_ids_equals_log_softmax_gather_values_and_gradients(chunk):
+    """Against ``log_softmax(...).gather`` in float64, with duplicate ids (the sampled token inside the head)."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(7, V, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ids = torch.randint(0, V, (7, K + 1), generator=g)
+    ids[0, 2] = ids[0, 0]
+    weights = torch.randn(7, K + 1, generator=g, dtype=torch.float64)
+    out = logprobs_at_ids(logits, ids, token_chunk_size=chunk)
+    reference = logits.log_softmax(-1).gather(1, ids)
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-12)
+    (grad,) = torch.autograd.grad((out * weights).sum(), logits)
+    (expected,) = torch.autograd.grad((reference * weights).sum(), logits)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda z: logprobs_at_ids(z, ids, token_chunk_size=chunk), (logits,))
+
+
+def test_logprobs_at_ids_hand_computed_and_low_precision():
+    """Two tokens, three ids: log p = z - logsumexp(z); bfloat16 logits give float32 values and a bf16 gradient."""
+    logits = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]], requires_grad=True)
+    out = logprobs_at_ids(logits, torch.tensor([[1, 0], [0, 1]]))
+    torch.testing.assert_close(out, torch.tensor([[math.log(0.75), math.log(0.25)], [math.log(0.5)] * 2]))
+    out[0, 0].backward()  # d log p_1 / dz = onehot(1) - p = [0 - 0.25, 1 - 0.75]
+    torch.testing.assert_close(logits.grad, torch.tensor([[-0.25, 0.25], [0.0, 0.0]]))
+    low = torch.randn(5, 11).bfloat16().requires_grad_(True)
+    ids = torch.randint(0, 11, (5, 3))
+    out = logprobs_at_ids(low, ids)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, low.float().log_softmax(-1).gather(1, ids))
+    out.sum().backward()
+    assert low.grad.dtype == torch.bfloat16
+
+
+def test_logprobs_at_ids_saves_no_probability_tensor_and_checks_ids():
+    """Besides the logits it was handed, the forward keeps only [N] normalizers and the [N, C] ids."""
+    logits = torch.randn(512, 300, requires_grad=True)
+    ids = torch.randint(0, 300, (512, 4))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda x: saved.append(x) or x, lambda x: x):
+        logprobs_at_ids(logits, ids, token_chunk_size=64)
+    assert [x.data_ptr() == logits.data_ptr() for x in saved if x.numel() >= logits.numel()] == [True]
+    assert sum(x.numel() for x in saved if x.data_ptr() != logits.data_ptr()) <= ids.numel() + 512
+    with pytest.raises(ValueError, match="vocabulary"):
+        logprobs_at_ids(logits, ids + 300)
+    with pytest.raises(ValueError, match=r"logits \[N, V\] and ids \[N, C\]"):
+        logprobs_at_ids(logits, ids[:3])

@@ -65,12 +65,12 @@ def page_commands(tmp_path: Path, base: list[str]) -> list[list[str]]:
     return commands
 
 
-def test_every_main_ppo_command_on_the_page_composes_and_validates(tmp_path):
+def test_every_main_ppo_command_on_the_page_composes_and_validates(tmp_path, vllm_for_verl):
     base = [o for o in recipe_overrides(BASE_RECIPE, tmp_path) if not key(o).startswith(LOSS_KEYS)]
     commands = page_commands(tmp_path / "page", base)
     expected = sum(block.count("python3 -m verl.trainer.main_ppo") for block in BLOCKS)
     expected += sum(block.count("bash trl_length_plugin/recipes/verl/") for block in BLOCKS)
-    assert len(commands) == expected >= 7
+    assert len(commands) == expected >= 8
     for overrides in commands:
         paths = [o.split("=", 1)[1] for o in overrides if re.search(r"\.(yaml|parquet)$", o)]
         assert paths and all(p.startswith("/") for p in paths), overrides  # the page's own rule
@@ -80,7 +80,8 @@ def test_every_main_ppo_command_on_the_page_composes_and_validates(tmp_path):
         )
         trainer = make_trainer(overrides)  # the TaskRunner's startup validation
         luspo = config.actor_rollout_ref.actor.policy_loss.loss_mode == "luspo"
-        assert trainer.length_shaping.enabled or luspo, overrides  # each example switches something on
+        switched_on = trainer.length_shaping.enabled or luspo or trainer.score_centering is not None
+        assert switched_on, overrides  # each example switches something on
 
 
 def test_confirmation_command_prints_what_the_page_says():

@@ -1,6 +1,10 @@
-"""The verl version this adapter was written for, checked once at import (docs/reference/product.md §1.5)."""
+"""The verl version this adapter was written for, checked once at import (docs/reference/product.md §1.5),
+and the legacy trainer's guard (docs/verl.md, "Not supported")."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import verl
 from packaging.version import Version
@@ -16,3 +20,26 @@ def require_supported_verl(feature: str) -> None:
             f"{feature} supports {EXPECTED}; found verl {verl.__version__}. "
             "Install 'trl-length-plugin[verl]'."
         )
+
+
+def refuse_in_legacy_trainer(feature: str, enabled: Callable) -> None:
+    """Wrap ``RayPPOTrainer.__init__`` (once per feature) so that a legacy run (``trainer.use_v1=false``) whose
+    config ``enabled`` says uses ``feature`` fails before any worker starts instead of silently ignoring it."""
+    from verl.trainer.ppo import ray_trainer
+
+    original = ray_trainer.RayPPOTrainer.__init__
+    guarded = getattr(original, "plugin_guards", ())
+    if feature in guarded:
+        return
+
+    @functools.wraps(original)
+    def __init__(self, config, *args, **kwargs):
+        if enabled(config):
+            raise NotImplementedError(
+                f"{feature} needs verl's V1 trainer (trainer.use_v1=true, the default); the legacy "
+                "RayPPOTrainer (trainer.use_v1=false) has no hook for it and would train without it"
+            )
+        original(self, config, *args, **kwargs)
+
+    __init__.plugin_guards = (*guarded, feature)
+    ray_trainer.RayPPOTrainer.__init__ = __init__

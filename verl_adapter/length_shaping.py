@@ -11,21 +11,20 @@ It
    verl's trainer registry (``sync``, ``colocate_async``, ``separate_async``), so whichever
    ``trainer.v1.trainer_mode`` a run uses validates and applies the length keys;
 4. makes the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), which has no group-level hook, refuse a
-   config that enables length shaping instead of silently training on raw rewards.
+   config that enables length shaping instead of silently training on raw rewards (``refuse_in_legacy_trainer``).
 
 See ``docs/verl.md`` for why this hook and for the config keys.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 
-from verl.trainer.ppo import core_algos, ray_trainer
+from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-from ._host import EXPECTED, require_supported_verl
+from ._host import EXPECTED, refuse_in_legacy_trainer, require_supported_verl
 from .length_advantage import compute_length_grpo_advantage
 from .length_config import LENGTH_GRPO, shaping_config
 from .length_trainer import LengthShapingMixin
@@ -72,25 +71,6 @@ def register() -> None:
             )
 
 
-def refuse_legacy_trainer() -> None:
-    """Wrap ``RayPPOTrainer.__init__`` so a legacy run with length shaping fails before any worker starts."""
-    original = ray_trainer.RayPPOTrainer.__init__
-    if getattr(original, "length_shaping_guard", False):
-        return
-
-    @functools.wraps(original)
-    def __init__(self, config, *args, **kwargs):
-        if shaping_config(config).enabled:
-            raise NotImplementedError(
-                "length shaping needs verl's V1 trainer (trainer.use_v1=true, the default); the legacy "
-                "RayPPOTrainer (trainer.use_v1=false) has no group-level hook and would train on raw rewards"
-            )
-        original(self, config, *args, **kwargs)
-
-    __init__.length_shaping_guard = True
-    ray_trainer.RayPPOTrainer.__init__ = __init__
-
-
 check_verl_hooks()
 register()
-refuse_legacy_trainer()
+refuse_in_legacy_trainer("length shaping", lambda config: shaping_config(config).enabled)

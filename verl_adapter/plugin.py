@@ -14,7 +14,7 @@ import logging
 logger = logging.getLogger("trl_length_plugin")
 
 #: modules whose import registers something with verl
-_REGISTERING_MODULES = ("verl_adapter.luspo", "verl_adapter.length_shaping")
+_REGISTERING_MODULES = ("verl_adapter.luspo", "verl_adapter.length_shaping", "verl_adapter.score_centering")
 #: top-level config keys (and their prefixes) that only this plugin understands
 PLUGIN_KEY_PREFIXES = (
     "length_penalty",

@@ -15,6 +15,8 @@ _EXPORTS = {
     "AdaptiveClipController": "trl_length_plugin.losses.adaptive_controller",
     "ScoreCenteringConfig": "trl_length_plugin.losses.score_centering_config",
     "policy_logprobs_at_sampler_topk": "trl_length_plugin.losses.topk_logprobs",
+    "logprobs_at_ids": "trl_length_plugin.losses.topk_logprobs",
+    "score_centering_token_metrics": "trl_length_plugin.losses.score_centering",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -232,6 +232,29 @@ def sampled_token_weights(
     return torch.where(kept, ratio, 0.0)
 
 
+def score_centering_token_metrics(
+    policy_logprobs_at_sampler_topk: torch.Tensor,
+    *,
+    sampler_topk_logprobs: torch.Tensor,
+    correction: torch.Tensor,
+    token_mask: torch.Tensor,
+    sampler_replay: bool,
+) -> dict[str, torch.Tensor]:
+    """The values behind the metrics of docs/reference/score-centering.md §5.6 at every position (shaped like
+    ``token_mask``, detached, 0 at masked positions): for hosts that normalize over a batch they split
+    (verl's global token count). Keys as :func:`score_centering_metrics`."""
+    with torch.no_grad():
+        head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
+        mask = token_mask.bool()
+        values = {
+            "score_centering/head_mass": head.q.sum(-1),
+            "score_centering/train_head_mass": head.p.sum(-1),
+            "score_centering/rho_mean": head.rho,
+            "score_centering/correction_abs_mean": correction.detach().abs(),
+        }
+        return {key: torch.where(mask, value, 0.0) for key, value in values.items()}
+
+
 def score_centering_metrics(
     policy_logprobs_at_sampler_topk: torch.Tensor,
     *,
@@ -245,17 +268,12 @@ def score_centering_metrics(
     Keys: ``score_centering/head_mass`` (sampler, sum_H q), ``score_centering/train_head_mass`` (sum_H p),
     ``score_centering/rho_mean`` and ``score_centering/correction_abs_mean``. No unmasked position gives 0.
     """
-    with torch.no_grad():
-        head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
-        mask = token_mask.bool()
-        count = mask.sum().clamp(min=1)
-
-        def masked_mean(values: torch.Tensor) -> torch.Tensor:
-            return torch.where(mask, values, 0.0).sum() / count
-
-        return {
-            "score_centering/head_mass": masked_mean(head.q.sum(-1)),
-            "score_centering/train_head_mass": masked_mean(head.p.sum(-1)),
-            "score_centering/rho_mean": masked_mean(head.rho),
-            "score_centering/correction_abs_mean": masked_mean(correction.detach().abs()),
-        }
+    values = score_centering_token_metrics(
+        policy_logprobs_at_sampler_topk,
+        sampler_topk_logprobs=sampler_topk_logprobs,
+        correction=correction,
+        token_mask=token_mask,
+        sampler_replay=sampler_replay,
+    )
+    count = token_mask.bool().sum().clamp(min=1)
+    return {key: value.sum() / count for key, value in values.items()}

@@ -16,6 +16,9 @@ gradients, and without a ``tokens x vocabulary`` tensor.
 Logits go through the same transforms as TRL's fused head: ``* logit_scale``, then
 ``softcap * tanh(z / softcap)`` when ``final_logit_softcapping`` is set, then ``/ temperature``.
 
+* From logits (:func:`logprobs_at_ids`): for hosts whose forward hands over the ``[tokens, vocab]`` logits
+  (verl's actor), the log-softmax at the sampled and head ids without a probability tensor in the forward.
+
 Integration contract: call inside the model forward with the output-projection weight already gathered
 (DeepSpeed ZeRO-3), passing ``gather_weight`` (e.g. TRL's ``maybe_gather_lm_head_ctx``) so the backward,
 which recomputes tiles, can gather it again. ``[B, T, K]`` ids travel with the batch; any leading shape works.
@@ -369,3 +372,57 @@ def policy_logprobs_at_sampler_topk(
         topk=topk.reshape(*leading, num_candidates),
         entropy=entropy.reshape(leading) if with_entropy else None,
     )
+
+
+class _LogprobsAtIdsFromLogits(torch.autograd.Function):
+    """log_softmax(logits) at ``ids [N, C]``, chunked over tokens; saves the logits by reference and the
+    ``[N]`` log-normalizers, never a probability tensor (the backward recomputes them chunk by chunk)."""
+
+    @staticmethod
+    def forward(ctx, logits, ids, chunk_size: int):
+        ctx.set_materialize_grads(False)
+        acc = torch.promote_types(logits.dtype, torch.float32)
+        log_normalizer = torch.empty(logits.shape[0], device=logits.device, dtype=acc)
+        for t0 in range(0, logits.shape[0], chunk_size):
+            log_normalizer[t0 : t0 + chunk_size] = logits[t0 : t0 + chunk_size].to(acc).logsumexp(-1)
+        logprobs = logits.gather(1, ids).to(acc) - log_normalizer.unsqueeze(1)
+        ctx.save_for_backward(logits, ids, log_normalizer)
+        ctx.chunk_size = chunk_size
+        return logprobs
+
+    @staticmethod
+    def backward(ctx, grad_logprobs):
+        if grad_logprobs is None:
+            return None, None, None
+        logits, ids, log_normalizer = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for t0 in range(0, logits.shape[0], ctx.chunk_size):
+            rows = slice(t0, t0 + ctx.chunk_size)
+            g = grad_logprobs[rows].to(log_normalizer.dtype)
+            # d log p_c / dz_j = [j = c] - p_j
+            grad = (logits[rows].to(g.dtype) - log_normalizer[rows].unsqueeze(1)).exp_()
+            grad.mul_(-g.sum(1, keepdim=True)).scatter_add_(1, ids[rows], g)
+            grad_logits[rows] = grad.to(logits.dtype)
+        return grad_logits, None, None
+
+
+def logprobs_at_ids(
+    logits: torch.Tensor, ids: torch.Tensor, *, token_chunk_size: int = DEFAULT_TOKEN_CHUNK_SIZE
+) -> torch.Tensor:
+    """``log_softmax(logits)`` gathered at ``ids`` for hosts that hand over the logits themselves
+    (docs/reference/score-centering.md §5.4): ``logits [N, V]`` (already divided by the temperature),
+    ``ids [N, C]`` (the sampled token and the K head ids, any C); returns ``[N, C]`` in float32 (float64 for
+    float64 logits), differentiable into the logits.
+
+    The forward keeps only the ``[N]`` log-normalizers besides the logits it was given; the backward writes
+    the one ``[N, V]`` logit gradient any log-softmax backward needs, recomputing probabilities per chunk of
+    ``token_chunk_size`` rows.
+    """
+    if logits.dim() != 2 or ids.dim() != 2 or ids.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"logits [N, V] and ids [N, C] expected, got {tuple(logits.shape)} and {tuple(ids.shape)}"
+        )
+    ids = ids.long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= logits.shape[1]):
+        raise ValueError(f"token ids must lie in [0, {logits.shape[1]}) (the logits' vocabulary)")
+    return _LogprobsAtIdsFromLogits.apply(logits, ids, token_chunk_size)

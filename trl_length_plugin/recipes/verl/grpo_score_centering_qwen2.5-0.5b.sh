@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GRPO + score centering on one GPU with verl 0.9.1: Qwen2.5-0.5B-Instruct on GSM8K (docs/verl.md,
+# "Score centering in verl").
+#
+# verl_adapter (loaded through verl's `verl.plugins` entry point) validates the `score_centering` keys when
+# the trainer starts, captures each generated token's top-16 sampler head in verl's vLLM server and adds
+# A * C to the GRPO loss. The mode follows verl's rollout correction: token-level TIS with threshold 2.0
+# here, so `auto` gives `tis` in [0, 2] (docs/reference/score-centering.md §5.8). Sampling filters need
+# sampler replay, which verl lacks: top_p=1.0, top_k=-1. Metrics: `score_centering/*`.
+#
+# Data, once (verl's docs; from a verl checkout):
+#   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
+# Run:   bash trl_length_plugin/recipes/verl/grpo_score_centering_qwen2.5-0.5b.sh [extra Hydra overrides]
+set -euo pipefail
+
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    algorithm.use_kl_in_reward=False \
+    algorithm.rollout_correction.rollout_is=token \
+    algorithm.rollout_correction.rollout_is_threshold=2.0 \
+    +score_centering=true \
+    +score_centering_top_k=16 \
+    +score_centering_importance_sampling=auto \
+    data.train_files="$DATA_DIR/train.parquet" \
+    data.val_files="$DATA_DIR/test.parquet" \
+    data.train_batch_size=32 \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    data.filter_overlong_prompts=True \
+    data.truncation=error \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.model.use_fused_kernels=False \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \
+    actor_rollout_ref.rollout.n=8 \
+    actor_rollout_ref.rollout.temperature=1.0 \
+    actor_rollout_ref.rollout.top_p=1.0 \
+    actor_rollout_ref.rollout.top_k=-1 \
+    actor_rollout_ref.rollout.calculate_log_probs=True \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console"]' \
+    trainer.project_name=trl_length_plugin \
+    trainer.experiment_name=grpo_score_centering_qwen2.5-0.5b_gsm8k \
+    trainer.n_gpus_per_node=1 \
+    trainer.nnodes=1 \
+    trainer.save_freq=-1 \
+    trainer.test_freq=10 \
+    trainer.total_epochs=1 \
+    "$@"

@@ -1,0 +1,47 @@
+"""Score centering in verl (docs/reference/score-centering.md §5): importing this module registers
+everything with verl.
+
+``verl_adapter.plugin`` imports it on ``import verl`` (the ``verl.plugins`` entry point), in every process.
+It
+
+1. checks that the installed verl is 0.9.x and still has every internal the integration relies on
+   (``score_centering_host``; verl's vLLM server is checked when a score-centering trainer starts);
+2. registers the policy loss ``score_centering`` (``score_centering_loss``), which the actor runs around the
+   user's base loss mode;
+3. puts :class:`~verl_adapter.score_centering_trainer.ScoreCenteringMixin` in front of each built-in V1
+   trainer in verl's trainer registry, so whichever ``trainer.v1.trainer_mode`` a run uses validates and
+   applies the ``score_centering`` keys;
+4. makes the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``) refuse a config that enables score centering.
+
+See ``docs/verl.md`` ("Score centering in verl") for the keys and how the pieces fit.
+"""
+
+from __future__ import annotations
+
+from verl.trainer.ppo.v1 import trainer_base
+
+from . import score_centering_loss  # noqa: F401 - registers the policy loss
+from ._host import refuse_in_legacy_trainer, require_supported_verl
+from .score_centering_config import score_centering_config
+from .score_centering_host import check_verl_internals
+from .score_centering_trainer import ScoreCenteringMixin
+
+#: the built-in V1 trainers that get the mixin
+BUILTIN_TRAINERS = ("sync", "colocate_async", "separate_async")
+
+
+def register() -> None:
+    """Wrap the built-in V1 trainers (idempotent)."""
+    registry = trainer_base.TRAINER_REGISTRY
+    for name in BUILTIN_TRAINERS:
+        base = registry[name]
+        if not issubclass(base, ScoreCenteringMixin):
+            registry[name] = type(
+                f"ScoreCentering{base.__name__}", (ScoreCenteringMixin, base), {"__module__": __name__}
+            )
+
+
+require_supported_verl("verl_adapter.score_centering")
+check_verl_internals()
+register()
+refuse_in_legacy_trainer("score centering", lambda config: score_centering_config(config).enabled)

@@ -1,0 +1,294 @@
+"""The score-centering keys of a verl config, validated in the TaskRunner before any worker starts
+(docs/reference/score-centering.md §5.5, §5.7, §5.8).
+
+Top-level keys of verl's Hydra config, added with ``+``, named as in every host (``score_centering``,
+``score_centering_top_k``, ``score_centering_importance_sampling``, ``force_on_policy_ratio`` and the six
+``score_centering_adaptive_*`` keys). :func:`resolve_settings` checks them with the core's
+``ScoreCenteringConfig``, then against the rest of verl's config; every error is one line naming the key.
+
+``auto`` reads the mode from ``algorithm.rollout_correction`` (verl's decoupled rollout correction, whose
+token-level weights multiply the base loss): ``rollout_is=null`` gives ``off``; ``rollout_is=token`` with a
+float threshold u (verl's TIS, clamped above only) gives ``tis`` in [0, u]; with a ``"lo_hi"`` threshold
+(verl's IcePop) ``icepop`` in [lo, hi]. Sequence-level IS, rejection sampling (``rollout_rs``, which masks
+tokens out of the loss), batch-normalized weights and bypass mode are rejected. ``is`` and
+``adaptive-ppo-clip`` have no verl mode: they need ``rollout_is=null`` and the plugin writes the sampled-token
+weights itself (the untruncated ratio; adaptive-ppo-clip's filter with lo = 1 - ``actor.clip_ratio_low``,
+hi = 1 + ``actor.clip_ratio_high``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, open_dict
+from pydantic import ValidationError
+from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
+
+from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
+from trl_length_plugin.shaping.config import config_error
+
+from .length_config import _plain
+from .luspo import LUSPO_AGG_MODE
+
+#: the agent-loop manager that carries the sampler's heads into TransferQueue (set when unset)
+MANAGER_CLASS = "verl_adapter.score_centering_rollout.ScoreCenteringAgentLoopManager"
+#: vLLM's default ``max_logprobs`` (an engine launched with a lower cap than K is raised to K)
+VLLM_DEFAULT_MAX_LOGPROBS = 20
+#: verl 0.9.1's policy losses score centering wraps, and the aggregation each gives its per-token loss
+#: (None: ``actor.loss_agg_mode``, which ``ppo_loss`` passes in); A * C is aggregated the same way
+BASE_LOSS_AGGREGATION: dict[str, str | None] = {
+    "vanilla": None,
+    "dppo_tv": None,
+    "dppo_kl": None,
+    "gspo": None,
+    "gpg": None,
+    "clip_cov": None,
+    "kl_cov": None,
+    "dro": None,
+    "cispo": None,
+    "sapo": "seq-mean-token-mean",
+    "luspo": LUSPO_AGG_MODE,
+}
+#: the key under which the worker loss runs the wrapper; the user keeps their own base loss mode
+LOSS_MODE = "score_centering"
+
+
+@dataclass(frozen=True)
+class ScoreCenteringSettings:
+    """What the actor does (pickled into the workers): K, the mode and its bounds (adaptive-ppo-clip: (lo, hi)
+    before the offset k), the outer bound, the detached on-policy ratio, the base loss mode and how it
+    aggregates (None: ``loss_agg_mode``)."""
+
+    top_k: int
+    mode: str
+    bounds: tuple[float, float] | None
+    outer_bound: float | None
+    force_on_policy: bool
+    base_loss_mode: str
+    base_aggregation: str | None
+
+    @property
+    def writes_weights(self) -> bool:
+        """verl has no untruncated token IS and no adaptive filter: the plugin writes those weights."""
+        return self.mode in ("is", "adaptive-ppo-clip")
+
+    def aggregation(self, loss_agg_mode: str) -> str:
+        return self.base_aggregation or loss_agg_mode
+
+    def summary(self) -> str:
+        """One line saying what runs, for the TaskRunner's log."""
+        mode = self.mode
+        if self.bounds is not None:
+            offset = " + k" if mode == "adaptive-ppo-clip" else ""
+            mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
+        parts = [f"K={self.top_k}", f"mode {mode}", f"base loss {self.base_loss_mode}"]
+        if self.force_on_policy:
+            parts.append("on-policy ratio")
+        return "score centering: " + ", ".join(parts)
+
+
+def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
+    """The shared keys of a full verl config, validated by the core (an unknown ``score_centering*`` key too)."""
+    unknown = [k for k in config if str(k).startswith("score_centering") and k not in SCORE_CENTERING_KEYS]
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]}: unknown score-centering key; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
+        )
+    try:
+        return ScoreCenteringConfig.model_validate(
+            {k: _plain(config[k]) for k in SCORE_CENTERING_KEYS if k in config}
+        )
+    except ValidationError as err:
+        raise ValueError(config_error(err)) from None
+
+
+def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
+    """The mode verl's ``algorithm.rollout_correction`` applies to the sampled token, and its bounds."""
+    key = "algorithm.rollout_correction"
+    if correction.get("bypass_mode", False):
+        raise ValueError(
+            f"{key}.bypass_mode: score centering needs verl's decoupled mode (bypass_mode=false): in bypass mode "
+            "the PPO ratio itself is against the rollout policy and no token weight says which mode to mirror"
+        )
+    if correction.get("rollout_rs") is not None:
+        raise ValueError(
+            f"{key}.rollout_rs: rejection sampling removes tokens from the loss mask, which would mask the "
+            "correction too (docs/reference/score-centering.md §5.1); use token-level IcePop "
+            "(rollout_is=token rollout_is_threshold=LO_HI) or unset it"
+        )
+    rollout_is = correction.get("rollout_is")
+    if rollout_is is None:
+        return "off", None
+    if rollout_is != "token":
+        raise ValueError(
+            f"{key}.rollout_is: {rollout_is!r} is sequence-level; score centering needs token-level IS "
+            "(rollout_is=token) or none (docs/reference/score-centering.md §5.5)"
+        )
+    if correction.get("rollout_is_batch_normalize", False):
+        raise ValueError(
+            f"{key}.rollout_is_batch_normalize: batch-normalized weights match no score-centering mode; set it false"
+        )
+    upper, lower = _parse_rollout_is_threshold(correction.get("rollout_is_threshold", 2.0))
+    if not math.isfinite(upper):
+        raise ValueError(f"{key}.rollout_is_threshold: needs a finite upper bound, got {upper}")
+    return ("tis", (0.0, upper)) if lower is None else ("icepop", (lower, upper))
+
+
+def _mode(config: DictConfig, wanted: str) -> tuple[str, tuple[float, float] | None]:
+    correction = config.algorithm.get("rollout_correction") or {}
+    derived, bounds = _derived_mode(correction)
+    mode = derived if wanted == "auto" else wanted
+    if mode in ("off", "is", "adaptive-ppo-clip") and derived != "off":
+        what = (
+            "'off' leaves the base loss unweighted"
+            if mode == "off"
+            else f"{mode!r} writes the sampled-token weights"
+        )
+        raise ValueError(
+            f"score_centering_importance_sampling: {what}; set algorithm.rollout_correction.rollout_is=null "
+            f"(it is {correction.get('rollout_is')!r}, which verl turns into {derived})"
+        )
+    if mode in ("tis", "icepop") and mode != derived:
+        threshold = "a float (TIS)" if mode == "tis" else "'LO_HI' (IcePop)"
+        raise ValueError(
+            f"score_centering_importance_sampling: {mode!r} needs algorithm.rollout_correction.rollout_is=token with "
+            f"rollout_is_threshold {threshold}; verl's setting gives {derived!r}"
+        )
+    if mode == "adaptive-ppo-clip":
+        actor = config.actor_rollout_ref.actor
+        clip = actor.get("clip_ratio", 0.2)
+        low = actor.get("clip_ratio_low") if actor.get("clip_ratio_low") is not None else clip
+        high = actor.get("clip_ratio_high") if actor.get("clip_ratio_high") is not None else clip
+        return mode, (1.0 - low, 1.0 + high)
+    return mode, bounds
+
+
+def _check_rollout(rollout: DictConfig, top_k: int) -> None:
+    """The rollout must return the sampler's own head through verl's vLLM server."""
+    key = "actor_rollout_ref.rollout"
+    if rollout.get("name") != "vllm":
+        raise ValueError(
+            f"{key}.name: score centering captures the sampler's head from vLLM, got {rollout.get('name')!r}"
+        )
+    if rollout.get("mode", "async") != "async":
+        raise ValueError(
+            f"{key}.mode: score centering needs verl's async vLLM server, got {rollout.get('mode')!r}"
+        )
+    if (rollout.get("disaggregation") or {}).get("enabled", False):
+        raise ValueError(
+            f"{key}.disaggregation.enabled: prefill/decode replicas do not capture the head; set it false"
+        )
+    if not rollout.get("calculate_log_probs", False):
+        raise ValueError(
+            f"{key}.calculate_log_probs: score centering needs the sampled token's rollout logprob; set it true"
+        )
+    temperature = rollout.get("temperature")
+    if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"{key}.temperature: score centering needs a positive finite temperature, got {temperature}"
+        )
+    top_p, top_k_filter, min_p = (
+        rollout.get("top_p", 1.0),
+        rollout.get("top_k", -1),
+        rollout.get("min_p") or 0.0,
+    )
+    if top_p < 1.0 or top_k_filter not in (0, -1) or min_p > 0.0:
+        raise ValueError(
+            f"{key}.top_p/top_k: sampling filters need sampler replay, which the verl integration does not do; "
+            f"sample with top_p=1.0 top_k=-1 (got top_p={top_p}, top_k={top_k_filter})"
+        )
+    logprobs_mode = rollout.get("logprobs_mode")
+    if logprobs_mode != "processed_logprobs" and not (logprobs_mode == "raw_logprobs" and temperature == 1):
+        raise ValueError(
+            f"{key}.logprobs_mode: score centering needs the sampler's own probabilities: processed_logprobs "
+            f"(raw_logprobs only at temperature 1), got {logprobs_mode!r}"
+        )
+    cap = ((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs")
+    if cap is not None and cap != -1 and cap < top_k:
+        raise ValueError(
+            f"{key}.engine_kwargs.vllm.max_logprobs: {cap} is below score_centering_top_k={top_k}; raise it, use -1 "
+            "(no cap) or leave it unset"
+        )
+    manager = (rollout.get("agent") or {}).get("agent_loop_manager_class")
+    if manager not in (None, MANAGER_CLASS):
+        raise ValueError(
+            f"{key}.agent.agent_loop_manager_class: score centering carries the sampler's heads with {MANAGER_CLASS}; "
+            f"got {manager!r} (leave it unset)"
+        )
+
+
+def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str, str | None]:
+    """The actor must expose its logits to the plugin, once per rollout batch under the on-policy ratio."""
+    actor, model = config.actor_rollout_ref.actor, config.actor_rollout_ref.model
+    if actor.get("strategy") not in ("fsdp", "fsdp2"):
+        raise ValueError(
+            f"actor_rollout_ref.actor.strategy: score centering supports verl's FSDP engines (fsdp, fsdp2), "
+            f"got {actor.get('strategy')!r}"
+        )
+    if model.get("use_fused_kernels", False):
+        raise ValueError(
+            "actor_rollout_ref.model.use_fused_kernels: the fused kernels compute only the sampled token's logprob, "
+            "score centering needs the logits at the sampler's K ids; set it false"
+        )
+    if actor.get("pad_to_length", False):
+        raise ValueError(
+            "actor_rollout_ref.actor.pad_to_length: not supported with score centering; set it false"
+        )
+    if (config.get("distillation") or {}).get("enabled", False):
+        raise ValueError(
+            "distillation.enabled: on-policy distillation and score centering both need the actor's logits hook"
+        )
+    base = (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
+    if base not in BASE_LOSS_AGGREGATION:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "
+            f"got {base!r}"
+        )
+    if shared.force_on_policy_ratio:
+        mode = config.trainer.v1.trainer_mode
+        sync_steps = (config.trainer.v1.get(mode) or {}).get("parameter_sync_step", 1)
+        sample = config.data.train_batch_size // sync_steps
+        if actor.get("ppo_epochs", 1) != 1 or actor.ppo_mini_batch_size != sample:
+            raise ValueError(
+                "force_on_policy_ratio: needs one optimizer update per rollout batch: actor_rollout_ref.actor.ppo_epochs=1 "
+                f"and actor_rollout_ref.actor.ppo_mini_batch_size={sample} (data.train_batch_size / "
+                f"parameter_sync_step); got ppo_epochs={actor.get('ppo_epochs', 1)}, "
+                f"ppo_mini_batch_size={actor.ppo_mini_batch_size}"
+            )
+    return base, BASE_LOSS_AGGREGATION[base]
+
+
+def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
+    """Check the keys against verl's config and resolve the settings (None: score centering off)."""
+    shared = score_centering_config(config)
+    if (config.actor_rollout_ref.actor.get("policy_loss") or {}).get("loss_mode") == LOSS_MODE:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode: {LOSS_MODE!r} is set by the plugin; keep your own "
+            "loss mode (vanilla, gspo, luspo, ...) and add +score_centering=true"
+        )
+    if not shared.enabled:
+        return None
+    top_k = shared.score_centering_top_k
+    _check_rollout(config.actor_rollout_ref.rollout, top_k)
+    base, aggregation = _check_actor(config, shared)
+    mode, bounds = _mode(config, shared.score_centering_importance_sampling)
+    outer = None
+    if mode == "adaptive-ppo-clip":
+        outer = shared.score_centering_adaptive_outer_bound
+        if outer <= bounds[1]:
+            raise ValueError(
+                f"score_centering_adaptive_outer_bound: must be above hi = 1 + actor.clip_ratio_high = {bounds[1]}, got {outer}"
+            )
+    return ScoreCenteringSettings(top_k, mode, bounds, outer, shared.force_on_policy_ratio, base, aggregation)
+
+
+def prepare_config(config: DictConfig, settings: ScoreCenteringSettings) -> None:
+    """What the run needs beyond the user's keys, written before ``init()`` builds the workers: the agent-loop
+    manager that carries the heads, and an engine logprob cap that admits K."""
+    rollout = config.actor_rollout_ref.rollout
+    with open_dict(rollout):
+        rollout.agent.agent_loop_manager_class = MANAGER_CLASS
+        vllm = rollout.engine_kwargs.vllm
+        if vllm.get("max_logprobs") is None:
+            vllm.max_logprobs = max(settings.top_k, VLLM_DEFAULT_MAX_LOGPROBS)

@@ -1,0 +1,118 @@
+"""Every verl internal score centering relies on, named and checked against verl 0.9.1 (docs/verl.md,
+"Score centering in verl").
+
+:func:`check_verl_internals` runs when the plugin loads (it imports no vLLM): the trainer, worker, engine,
+loss and agent-loop methods the integration overrides, wraps or calls, with their parameters, and the
+engine's top-k logits hook. :func:`check_vllm_server` runs when a score-centering trainer starts, in the
+TaskRunner before any worker: verl's vLLM server and replica. A mismatch raises ``ImportError`` naming the
+internal and the verl release this was written for.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from ._host import EXPECTED
+
+#: Ray's tracing adds this parameter to actor methods; it is not verl's
+_RAY_TRACE = "_ray_trace_ctx"
+
+
+def _parameters(function) -> tuple[str, ...] | None:
+    if not callable(function):
+        return None
+    return tuple(name for name in inspect.signature(function).parameters if name != _RAY_TRACE)
+
+
+def _changed(expected: list[tuple[object, str, tuple[str, ...]]]) -> list[str]:
+    return [
+        f"{getattr(owner, '__name__', owner)}.{name}{_parameters(getattr(owner, name, None))}"
+        for owner, name, params in expected
+        if _parameters(getattr(owner, name, None)) != params
+    ]
+
+
+def _raise(changed: list[str]) -> None:
+    if changed:
+        raise ImportError(
+            f"the verl internals score centering relies on changed ({'; '.join(changed)}); "
+            f"this verl_adapter supports {EXPECTED}"
+        )
+
+
+def check_verl_internals() -> None:
+    """The trainer, worker, engine, loss and agent-loop internals (no vLLM import)."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
+    from verl.trainer.ppo import core_algos, rollout_corr_helper
+    from verl.trainer.ppo.v1 import agent_loop_tq, trainer_base
+    from verl.workers import engine_workers
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+    from verl.workers.utils import losses, padding
+
+    from .luspo import POLICY_LOSS_KEYWORDS
+    from .score_centering_config import BASE_LOSS_AGGREGATION
+
+    trainer = trainer_base.PPOTrainer
+    worker = getattr(agent_loop_tq.AgentLoopWorkerTQ, "__ray_actor_class__", None)
+    changed = _changed(
+        [
+            (trainer, "_update_actor", ("self", "batch", "metrics")),
+            (trainer, "on_init_end", ("self",)),
+            (trainer, "_save_checkpoint", ("self",)),
+            (trainer, "_load_checkpoint", ("self",)),
+            (engine_workers.ActorRolloutRefWorker, "set_loss_fn", ("self", "loss_fn")),
+            (engine_workers.ActorRolloutRefWorker, "update_actor", ("self", "data")),
+            (
+                FSDPEngineWithLMHead,
+                "prepare_model_outputs",
+                ("self", "output", "output_args", "micro_batch", "logits_processor_func"),
+            ),
+            (losses, "ppo_loss", ("config", "model_output", "data", "dp_group")),
+            (padding, "no_padding_2_padding", ("tensor", "data")),
+            (
+                core_algos,
+                "agg_loss",
+                ("loss_mat", "loss_mask", "loss_agg_mode", "dp_size", "batch_num_tokens", "global_batch_size")
+                + ("loss_scale_factor",),
+            ),
+            (rollout_corr_helper, "_parse_rollout_is_threshold", ("threshold_spec",)),
+            (AgentLoopWorker, "_run_agent_loop", ("self", "sampling_params", "trajectory", "agent_name", "trace")
+             + ("kwargs",)),
+            (worker, "_agent_loop_postprocess", ("self", "output", "validate", "kwargs")),
+            (AgentLoopOutput, "as_dict", ("self",)),
+            (LLMServerClient, "generate", ("self", "request_id", "prompt_ids", "sampling_params", "image_data")
+             + ("video_data", "audio_data", "mm_processor_kwargs", "kwargs")),
+            (RolloutReplicaRegistry, "register", ("name", "loader")),
+        ]
+    )  # fmt: skip
+    hook = inspect.getsource(FSDPEngineWithLMHead.prepare_model_outputs)
+    if not all(
+        marker in hook for marker in ("distillation_use_topk", "distillation_only", "student_logits=")
+    ):
+        changed.append("FSDPEngineWithLMHead.prepare_model_outputs (its top-k logits hook)")
+    for name in BASE_LOSS_AGGREGATION:
+        if name == "luspo":  # registered by this plugin
+            continue
+        function = core_algos.POLICY_LOSS_REGISTRY.get(name)
+        params = _parameters(function) or ()
+        if any(keyword not in params for keyword in POLICY_LOSS_KEYWORDS):
+            changed.append(f"policy loss {name!r}{params}")
+    _raise(changed)
+
+
+def check_vllm_server() -> None:
+    """verl's vLLM server and replica (imports vLLM): the methods the capturing server overrides."""
+    from verl.workers.rollout.vllm_rollout import vllm_async_server
+
+    server, replica = vllm_async_server.vLLMHttpServer, vllm_async_server.vLLMReplica
+    changed = _changed([(server, "run_server", ("self", "args"))])
+    generate = _parameters(getattr(server, "generate", None)) or ()
+    if generate[:4] != ("self", "prompt_ids", "sampling_params", "request_id"):
+        changed.append(f"vLLMHttpServer.generate{generate}")
+    if "self.engine = " not in inspect.getsource(server.run_server):
+        changed.append("vLLMHttpServer.run_server (no longer sets self.engine)")
+    if "self.server_class = ray.remote(vLLMHttpServer)" not in inspect.getsource(replica.__init__):
+        changed.append("vLLMReplica.__init__ (no longer sets server_class)")
+    _raise(changed)
