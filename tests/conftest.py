@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.vllm_server import free_port
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -14,6 +16,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TRL_LENGTH_PLUGIN_CACHE", str(REPO / ".cache" / "models"))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+
+
+# torch.distributed's default port (29500) is shared with every other run on the machine; one free port per
+# session for the in-process and subprocess process groups that do not choose their own
+os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 @pytest.fixture(scope="session")

@@ -100,6 +100,18 @@ PRE_IMPORT = {
         ["reasoning_tags", "disagrees"],
     ),
     "plugin key of a wrong type": (lambda p: ["--luspo", "maybe"], ["luspo"]),
+    "misspelt score-centering key": (
+        lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_topk", "8"],
+        ["'score_centering_topk'", "did you mean 'score_centering_top_k'"],
+    ),
+    "score-centering key without score_centering": (
+        lambda p: ["--score_centering_top_k", "16"],
+        ["score_centering_top_k: needs score_centering: true"],
+    ),
+    "fraction for K": (
+        lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", "1.5"],
+        ["score_centering_top_k"],
+    ),
     "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
     "valid keys, then TRL missing": (
         lambda p: ["--config", "recipe:coefficient_cpu"],

@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trl_length_plugin import __version__
+from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
 from trl_length_plugin.recipes import resolve_config
 from trl_length_plugin.shaping.config import SHAPING_KEYS, config_error, load_shaping_config, read_yaml
 
@@ -61,10 +62,13 @@ class PluginKeys(BaseModel):
     length_penalty_log_file: str | None = None
     length_curves_png: bool = False
     luspo: bool = False
+    vllm_engine_kwargs: dict | str | None = None  # a JSON object string is parsed by the trainer's config
 
 
 #: every key of the plugin, validated before TRL is imported
-PLUGIN_KEYS = (*SHAPING_KEYS, *PluginKeys.model_fields)
+PLUGIN_KEYS = (*SHAPING_KEYS, *SCORE_CENTERING_KEYS, *PluginKeys.model_fields)
+#: the prefixes of the plugin's keys; TRL has no key that starts with one (the verl adapter's rule too)
+PREFIXES = ("length_penalty", "score_centering")
 
 
 def fail(message: str) -> NoReturn:
@@ -158,17 +162,15 @@ def read_command_line(argv: list[str]) -> CommandLine:
     """Read the recipe and flags and validate the plugin's keys with the core config (no TRL, no torch)."""
     config, rest = split_config(argv)
     command = CommandLine(config, read_recipe(config) if config else {}, flags_of(rest), rest)
-    # every plugin key starts with length_penalty; TRL has none that does (the verl adapter's rule too)
     for keys, where in command.sources():
-        misspelt = {key for key in keys if key.startswith("length_penalty") and key not in PLUGIN_KEYS}
+        misspelt = {key for key in keys if key.startswith(PREFIXES) and key not in PLUGIN_KEYS}
         if misspelt:
             raise ValueError(unknown_keys(misspelt, PLUGIN_KEYS, where))
     values = {key: command.value(key) for key in PLUGIN_KEYS if key in command.written}
     load_shaping_config({key: value for key, value in values.items() if key in SHAPING_KEYS})
     try:
-        PluginKeys.model_validate(
-            {key: value for key, value in values.items() if key in PluginKeys.model_fields}
-        )
+        for model in (ScoreCenteringConfig, PluginKeys):
+            model.model_validate({key: value for key, value in values.items() if key in model.model_fields})
     except ValidationError as err:
         raise ValueError(config_error(err)) from None
     return command
