@@ -30,12 +30,12 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     reference_loss,
     settings_and_actor,
 )
+from trl_length_plugin.losses.score_centering import METRIC_KEYS  # noqa: E402
 from verl_adapter.score_centering_config import BASE_LOSS_AGGREGATION  # noqa: E402
 from verl_adapter.score_centering_loss import (  # noqa: E402
     CLIPPED,
     CORRECTION,
     POSITIVE,
-    TOKEN_METRICS,
     head_outputs,
     score_centering_ppo_loss,
 )
@@ -196,7 +196,7 @@ def test_micro_batch_and_data_parallel_splits_match_the_full_batch():
         )
         torch.testing.assert_close(micro, full, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(dp, full, rtol=1e-9, atol=1e-12)
-        for key in TOKEN_METRICS:
+        for key in METRIC_KEYS:
             whole = full_metrics[0][key].aggregate()
             assert sum(m[key].aggregate() for m in micro_metrics) == pytest.approx(whole, rel=1e-9)
             assert sum(m[key].aggregate() for m in dp_metrics) / 2 == pytest.approx(whole, rel=1e-9)
