@@ -166,7 +166,6 @@ def score_centering_ppo_loss(
     data=None,
     dp_group=None,
     student_logits=None,
-    data_format: str = "thd",
 ):
     """The actor's loss function: the logits processor when verl passes ``student_logits``, else
     ``ppo_loss`` with ``loss_mode=score_centering`` plus the §5.6 metrics (and adaptive-ppo-clip counts)."""
