@@ -5,7 +5,7 @@
 
 The logits are a float64 leaf standing in for the model (the engine's forward on a real model is in
 test_verl_score_centering_actor.py); every verl part is real. References are computed independently, per
-row from full log-softmaxes in padded layout: values and gradients, each mode with two base losses, the
+row from full log-softmaxes in padded layout: values and gradients, each mode with three base losses, the
 micro-batch and data-parallel splits, the metrics and the adaptive-ppo-clip counts.
 """
 
