@@ -129,7 +129,12 @@ def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -
             f"score centering: {ids.shape[0]} sampler rows and {labels.shape[0]} labels for {logits.shape[0]} "
             "logit rows on this rank (verl's packing or sequence-parallel slicing changed)"
         )
-    logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1))
+    # verl's rule for its own log-softmax: the gradient goes into the logits unless entropy (or sum pi^2)
+    # reads them in the backward too
+    shared = any(
+        tu.get_non_tensor_data(data, key, False) for key in ("calculate_entropy", "calculate_sum_pi_squared")
+    )
+    logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1), inplace_backward=not shared)
     adaptive = settings.mode == "adaptive-ppo-clip"
     k = _adaptive_k(data, settings)
     term = compute_score_centering_term(
