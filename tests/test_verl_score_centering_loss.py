@@ -293,3 +293,17 @@ def test_the_registered_loss_and_the_loss_refuse_to_run_unwired():
     with pytest.raises(RuntimeError, match="did not run the top-k hook"):
         score_centering_ppo_loss(actor, settings, model_output=output, data=data)
     assert CORRECTION not in output
+
+
+def test_a_micro_batch_without_k_or_the_sampler_fields_fails_naming_who_provides_them():
+    """Under adaptive-ppo-clip the trainer puts k on every update's micro-batches, and the plugin's agent-loop
+    manager the sampler fields on every row: without them the hook refuses in one line."""
+    settings, _, _ = settings_and_actor(MODES["adaptive-ppo-clip"])
+    rollouts = make_rollouts(PROMPT_LENS, RESPONSE_LENS, V, K, seed=1)
+    logits = packed_logits(rollouts, [0, 1], torch.randn(sum(rollouts.lengths), V, dtype=torch.float64))
+    data = micro_batch(rollouts, [0, 1])
+    with pytest.raises(RuntimeError, match="lacks score_centering_adaptive_k; .* score-centering trainer"):
+        head_outputs(logits.unsqueeze(0), data, settings)
+    del data["sampler_topk_ids"]
+    with pytest.raises(RuntimeError, match=r"lacks sampler_topk_ids; .*ScoreCenteringAgentLoopManager$"):
+        head_outputs(logits.unsqueeze(0), data, settings)

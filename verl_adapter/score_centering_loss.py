@@ -44,7 +44,7 @@ from trl_length_plugin.losses.score_centering import (
 )
 from trl_length_plugin.losses.topk_logprobs import logprobs_at_ids
 
-from .score_centering_config import LOSS_MODE, ScoreCenteringSettings
+from .score_centering_config import LOSS_MODE, MANAGER_CLASS, ScoreCenteringSettings
 
 #: the token-aligned rollout fields (``[prompt + response, K]`` per row)
 SAMPLER_IDS, SAMPLER_LOGPROBS = "sampler_topk_ids", "sampler_topk_logprobs"
@@ -117,8 +117,7 @@ def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -
     missing = [name for name in (SAMPLER_IDS, SAMPLER_LOGPROBS) if name not in data]
     if missing:
         raise RuntimeError(
-            f"score centering: the micro-batch lacks {missing[0]}; the rollout must come from "
-            "verl_adapter.score_centering_rollout.ScoreCenteringAgentLoopManager"
+            f"score centering: the micro-batch lacks {missing[0]}; the rollout must come from {MANAGER_CLASS}"
         )
     labels = _local(data["input_ids"].values())
     ids = _local(data[SAMPLER_IDS].values()).long()
