@@ -291,6 +291,27 @@ def test_logprobs_at_ids_equals_log_softmax_gather_values_and_gradients(chunk):
     assert torch.autograd.gradcheck(lambda z: logprobs_at_ids(z, ids, token_chunk_size=chunk), (logits,))
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 1024])
+def test_logprobs_at_ids_inplace_backward_gives_the_same_values_and_gradients(chunk):
+    """``inplace_backward`` writes the gradient into the logits it was handed (a non-leaf, like verl's scaled
+    logits): the same values and leaf gradient as the float64 reference, the gradient in the logits' storage."""
+    g = torch.Generator().manual_seed(4)
+    leaf = (torch.randn(7, V, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ids = torch.randint(0, V, (7, K + 1), generator=g)
+    ids[1, 3] = ids[1, 0]
+    weights = torch.randn(7, K + 1, generator=g, dtype=torch.float64)
+    reference = leaf.log_softmax(-1).gather(1, ids)
+    (expected,) = torch.autograd.grad((reference * weights).sum(), leaf)
+    logits = leaf / 1.0  # the host's own tensor (verl divides by the temperature)
+    out = logprobs_at_ids(logits, ids, token_chunk_size=chunk, inplace_backward=True)
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-12)
+    grads = []
+    logits.register_hook(lambda grad: grads.append(grad))
+    (grad,) = torch.autograd.grad((out * weights).sum(), leaf)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+    assert grads[0].data_ptr() == logits.data_ptr()  # written in place
+
+
 def test_logprobs_at_ids_hand_computed_and_low_precision():
     """Two tokens, three ids: log p = z - logsumexp(z); bfloat16 logits give float32 values and a bf16 gradient."""
     logits = torch.tensor([[0.0, math.log(3.0)], [1.0, 1.0]], requires_grad=True)

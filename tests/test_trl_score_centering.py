@@ -55,6 +55,7 @@ MISSING_MODEL = "/nonexistent/model"
         ({"score_centering_importance_sampling": "adaptive-ppo-clip"}, "adaptive-ppo-clip needs force_on_policy_ratio"),
         ({**MODES["adaptive-ppo-clip"], "score_centering_adaptive_outer_bound": 1.1},
          "score_centering_adaptive_outer_bound: must be above hi"),
+        ({**MODES["adaptive-ppo-clip"], "epsilon": 1.5}, "epsilon: adaptive-ppo-clip's lower bound lo = 1 - epsilon"),
         ({"vllm_mode": "server"}, "vllm_engine_kwargs: only a colocated engine"),
         ({"vllm_engine_kwargs": "{bad"}, "vllm_engine_kwargs: not valid JSON"),
     ],
@@ -180,7 +181,8 @@ def test_each_mode_end_to_end(tiny_model_dir, tmp_path, raw_outputs, mode, repla
             1.0
         )
     if mode == "adaptive-ppo-clip":
-        assert log["score_centering/adaptive_k"] == 0.0 and "score_centering/adaptive_clip_frac" in log
+        raised = log["score_centering/adaptive_clip_frac"] > 0.02  # the default target; k_init 0, delta 0.05
+        assert log["score_centering/adaptive_k"] == (0.05 if raised else 0.0)  # the k after the step
 
 
 @pytest.mark.slow
@@ -292,15 +294,19 @@ def test_adaptive_controller_steps_logs_and_resumes(tiny_model_dir, tmp_path, ra
     rows = [row for row in trainer.state.log_history if "score_centering/adaptive_k" in row]
     logged = [row["score_centering/adaptive_k"] for row in rows]
     fractions = [row["score_centering/adaptive_clip_frac"] for row in rows]
-    assert len(logged) == 3 and logged[0] == 0.0
-    for before, after, fraction in zip(logged, logged[1:], fractions, strict=False):
-        assert after == pytest.approx(
-            min(before + 0.005, 1.0) if fraction > 1e-6 else max(before - 0.005, 0.0)
-        )
-    assert logged[2] > 0  # the run raised k, so a resume that forgot it would log 0
+
+    def stepped(before: float, fraction: float) -> float:
+        return min(before + 0.005, 1.0) if fraction > 1e-6 else max(before - 0.005, 0.0)
+
+    assert len(logged) == 3  # each the k after its step (reference §5.6), from k_init = 0
+    for before, after, fraction in zip([0.0, *logged], logged, fractions, strict=False):
+        assert after == pytest.approx(stepped(before, fraction))
+    assert logged[1] > 0  # the run raised k in two steps, so a resume that forgot it would log less
     resumed = build(tiny_model_dir, sc_config(tmp_path / "run", max_steps=3, **common))
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     (row,) = [
         row for row in resumed.state.log_history if "score_centering/adaptive_k" in row and row["step"] == 3
     ]
-    assert row["score_centering/adaptive_k"] == pytest.approx(logged[2])  # the k after two steps came back
+    fraction = row["score_centering/adaptive_clip_frac"]
+    assert fraction > 1e-6  # a raise, so the k after two steps shows: forgotten, it would log 0.005
+    assert row["score_centering/adaptive_k"] == pytest.approx(stepped(logged[1], fraction))

@@ -40,14 +40,18 @@ BAD = [
     (["+score_centering_importance_sampling=adaptive-ppo-clip"], "adaptive-ppo-clip needs force_on_policy_ratio"),
     (MODES["adaptive-ppo-clip"] + ["+score_centering_adaptive_outer_bound=1.1"],
      "score_centering_adaptive_outer_bound: must be above hi = 1 + actor.clip_ratio_high = 1.2"),
+    (MODES["adaptive-ppo-clip"] + ["actor_rollout_ref.actor.clip_ratio_low=1.5"],
+     "actor_rollout_ref.actor.clip_ratio_low: adaptive-ppo-clip's lower bound lo = 1 - "),
+    (MODES["adaptive-ppo-clip"] + ["actor_rollout_ref.actor.clip_ratio=1.5", "actor_rollout_ref.actor.clip_ratio_low=null"],
+     "actor_rollout_ref.actor.clip_ratio: adaptive-ppo-clip's lower bound lo = 1 - "),
     (FORCE + ["actor_rollout_ref.actor.ppo_epochs=2"], "force_on_policy_ratio: needs one optimizer update"),
     (FORCE + ["actor_rollout_ref.actor.ppo_mini_batch_size=2"], "ppo_mini_batch_size=4 (data.train_batch_size"),
     (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name: score centering captures"),
     (["actor_rollout_ref.rollout.calculate_log_probs=false"], "actor_rollout_ref.rollout.calculate_log_probs"),
     (["actor_rollout_ref.rollout.disaggregation.enabled=true"], "actor_rollout_ref.rollout.disaggregation.enabled"),
     (["actor_rollout_ref.rollout.temperature=0"], "actor_rollout_ref.rollout.temperature: score centering needs"),
-    (["actor_rollout_ref.rollout.top_p=0.9"], "actor_rollout_ref.rollout.top_p/top_k: sampling filters"),
-    (["actor_rollout_ref.rollout.top_k=20"], "actor_rollout_ref.rollout.top_p/top_k: sampling filters"),
+    (["actor_rollout_ref.rollout.top_p=0.9"], "actor_rollout_ref.rollout.top_p: sampling filters"),
+    (["actor_rollout_ref.rollout.top_k=20"], "actor_rollout_ref.rollout.top_k: sampling filters"),
     (["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs", "actor_rollout_ref.rollout.temperature=0.7"],
      "actor_rollout_ref.rollout.logprobs_mode"),
     (["actor_rollout_ref.rollout.logprobs_mode=processed_logits"], "actor_rollout_ref.rollout.logprobs_mode"),
@@ -174,5 +178,5 @@ def test_a_bad_key_stops_main_ppo_before_workers(tmp_path, vllm_for_verl):
     )  # fmt: skip
     log = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "actor_rollout_ref.rollout.top_p/top_k: sampling filters need sampler replay" in log, log[-4000:]
+    assert "actor_rollout_ref.rollout.top_p: sampling filters need sampler replay" in log, log[-4000:]
     assert "create worker group" not in log and "actor and ref model engine initialized" not in log

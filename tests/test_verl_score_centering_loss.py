@@ -5,7 +5,7 @@
 
 The logits are a float64 leaf standing in for the model (the engine's forward on a real model is in
 test_verl_score_centering_actor.py); every verl part is real. References are computed independently, per
-row from full log-softmaxes in padded layout: values and gradients, each mode with two base losses, the
+row from full log-softmaxes in padded layout: values and gradients, each mode with three base losses, the
 micro-batch and data-parallel splits, the metrics and the adaptive-ppo-clip counts.
 """
 
@@ -30,12 +30,12 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     reference_loss,
     settings_and_actor,
 )
+from trl_length_plugin.losses.score_centering import METRIC_KEYS  # noqa: E402
 from verl_adapter.score_centering_config import BASE_LOSS_AGGREGATION  # noqa: E402
 from verl_adapter.score_centering_loss import (  # noqa: E402
     CLIPPED,
     CORRECTION,
     POSITIVE,
-    TOKEN_METRICS,
     head_outputs,
     score_centering_ppo_loss,
 )
@@ -196,7 +196,7 @@ def test_micro_batch_and_data_parallel_splits_match_the_full_batch():
         )
         torch.testing.assert_close(micro, full, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(dp, full, rtol=1e-9, atol=1e-12)
-        for key in TOKEN_METRICS:
+        for key in METRIC_KEYS:
             whole = full_metrics[0][key].aggregate()
             assert sum(m[key].aggregate() for m in micro_metrics) == pytest.approx(whole, rel=1e-9)
             assert sum(m[key].aggregate() for m in dp_metrics) / 2 == pytest.approx(whole, rel=1e-9)
@@ -293,3 +293,17 @@ def test_the_registered_loss_and_the_loss_refuse_to_run_unwired():
     with pytest.raises(RuntimeError, match="did not run the top-k hook"):
         score_centering_ppo_loss(actor, settings, model_output=output, data=data)
     assert CORRECTION not in output
+
+
+def test_a_micro_batch_without_k_or_the_sampler_fields_fails_naming_who_provides_them():
+    """Under adaptive-ppo-clip the trainer puts k on every update's micro-batches, and the plugin's agent-loop
+    manager the sampler fields on every row: without them the hook refuses in one line."""
+    settings, _, _ = settings_and_actor(MODES["adaptive-ppo-clip"])
+    rollouts = make_rollouts(PROMPT_LENS, RESPONSE_LENS, V, K, seed=1)
+    logits = packed_logits(rollouts, [0, 1], torch.randn(sum(rollouts.lengths), V, dtype=torch.float64))
+    data = micro_batch(rollouts, [0, 1])
+    with pytest.raises(RuntimeError, match="lacks score_centering_adaptive_k; .* score-centering trainer"):
+        head_outputs(logits.unsqueeze(0), data, settings)
+    del data["sampler_topk_ids"]
+    with pytest.raises(RuntimeError, match=r"lacks sampler_topk_ids; .*ScoreCenteringAgentLoopManager$"):
+        head_outputs(logits.unsqueeze(0), data, settings)

@@ -25,8 +25,14 @@ from omegaconf import DictConfig, open_dict
 from pydantic import ValidationError
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
-from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
+from trl_length_plugin.losses.score_centering_config import (
+    SCORE_CENTERING_KEYS,
+    ScoreCenteringConfig,
+    ScoreCenteringPlanBase,
+    adaptive_ppo_clip_bounds,
+)
 from trl_length_plugin.shaping.config import config_error
+from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 from .length_config import _plain
 from .luspo import LUSPO_AGG_MODE
@@ -55,37 +61,20 @@ LOSS_MODE = "score_centering"
 
 
 @dataclass(frozen=True)
-class ScoreCenteringSettings:
-    """What the actor does (pickled into the workers): K, the mode and its bounds (adaptive-ppo-clip: (lo, hi)
-    before the offset k), the outer bound, the detached on-policy ratio, the base loss mode and how it
-    aggregates (None: ``loss_agg_mode``)."""
+class ScoreCenteringSettings(ScoreCenteringPlanBase):
+    """What the actor does (pickled into the workers): the shared plan (K, the mode and its bounds, the outer
+    bound, the on-policy ratio), the base loss mode and how it aggregates (None: ``loss_agg_mode``). verl has
+    no untruncated token IS and no adaptive filter: the plugin writes those weights."""
 
-    top_k: int
-    mode: str
-    bounds: tuple[float, float] | None
-    outer_bound: float | None
-    force_on_policy: bool
-    base_loss_mode: str
-    base_aggregation: str | None
-
-    @property
-    def writes_weights(self) -> bool:
-        """verl has no untruncated token IS and no adaptive filter: the plugin writes those weights."""
-        return self.mode in ("is", "adaptive-ppo-clip")
+    base_loss_mode: str = "vanilla"
+    base_aggregation: str | None = None
 
     def aggregation(self, loss_agg_mode: str) -> str:
         return self.base_aggregation or loss_agg_mode
 
-    def summary(self) -> str:
-        """One line saying what runs, for the TaskRunner's log."""
-        mode = self.mode
-        if self.bounds is not None:
-            offset = " + k" if mode == "adaptive-ppo-clip" else ""
-            mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
-        parts = [f"K={self.top_k}", f"mode {mode}", f"base loss {self.base_loss_mode}"]
-        if self.force_on_policy:
-            parts.append("on-policy ratio")
-        return "score centering: " + ", ".join(parts)
+    @property
+    def detail(self) -> str:
+        return f"base loss {self.base_loss_mode}"
 
 
 def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
@@ -135,7 +124,11 @@ def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
     return ("tis", (0.0, upper)) if lower is None else ("icepop", (lower, upper))
 
 
-def _mode(config: DictConfig, wanted: str) -> tuple[str, tuple[float, float] | None]:
+def _mode(
+    config: DictConfig, shared: ScoreCenteringConfig
+) -> tuple[str, tuple[float, float] | None, float | None]:
+    """The mode, its bounds and the outer bound (reference §5.5, §5.7, §5.8)."""
+    wanted = shared.score_centering_importance_sampling
     correction = config.algorithm.get("rollout_correction") or {}
     derived, bounds = _derived_mode(correction)
     mode = derived if wanted == "auto" else wanted
@@ -156,12 +149,14 @@ def _mode(config: DictConfig, wanted: str) -> tuple[str, tuple[float, float] | N
             f"rollout_is_threshold {threshold}; verl's setting gives {derived!r}"
         )
     if mode == "adaptive-ppo-clip":
-        actor = config.actor_rollout_ref.actor
+        actor, key = config.actor_rollout_ref.actor, "actor_rollout_ref.actor.clip_ratio"
         clip = actor.get("clip_ratio", 0.2)
-        low = actor.get("clip_ratio_low") if actor.get("clip_ratio_low") is not None else clip
+        low, low_key = (
+            (clip, key) if actor.get("clip_ratio_low") is None else (actor.clip_ratio_low, f"{key}_low")
+        )
         high = actor.get("clip_ratio_high") if actor.get("clip_ratio_high") is not None else clip
-        return mode, (1.0 - low, 1.0 + high)
-    return mode, bounds
+        return mode, *adaptive_ppo_clip_bounds(shared, low, high, low_key, "actor.clip_ratio_high")
+    return mode, bounds, None
 
 
 def _check_rollout(rollout: DictConfig, top_k: int) -> None:
@@ -183,27 +178,7 @@ def _check_rollout(rollout: DictConfig, top_k: int) -> None:
         raise ValueError(
             f"{key}.calculate_log_probs: score centering needs the sampled token's rollout logprob; set it true"
         )
-    temperature = rollout.get("temperature")
-    if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(
-            f"{key}.temperature: score centering needs a positive finite temperature, got {temperature}"
-        )
-    top_p, top_k_filter, min_p = (
-        rollout.get("top_p", 1.0),
-        rollout.get("top_k", -1),
-        rollout.get("min_p") or 0.0,
-    )
-    if top_p < 1.0 or top_k_filter not in (0, -1) or min_p > 0.0:
-        raise ValueError(
-            f"{key}.top_p/top_k: sampling filters need sampler replay, which the verl integration does not do; "
-            f"sample with top_p=1.0 top_k=-1 (got top_p={top_p}, top_k={top_k_filter})"
-        )
-    logprobs_mode = rollout.get("logprobs_mode")
-    if logprobs_mode != "processed_logprobs" and not (logprobs_mode == "raw_logprobs" and temperature == 1):
-        raise ValueError(
-            f"{key}.logprobs_mode: score centering needs the sampler's own probabilities: processed_logprobs "
-            f"(raw_logprobs only at temperature 1), got {logprobs_mode!r}"
-        )
+    _check_sampling(rollout, top_k)
     cap = ((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs")
     if cap is not None and cap != -1 and cap < top_k:
         raise ValueError(
@@ -216,6 +191,36 @@ def _check_rollout(rollout: DictConfig, top_k: int) -> None:
             f"{key}.agent.agent_loop_manager_class: score centering carries the sampler's heads with {MANAGER_CLASS}; "
             f"got {manager!r} (leave it unset)"
         )
+
+
+def _check_sampling(rollout: DictConfig, top_k: int) -> None:
+    """The core's request rules (``validate_score_centering_request``) on the rollout's sampling keys, each
+    failure named by its verl key."""
+    key = "actor_rollout_ref.rollout"
+    temperature, top_p, top_k_filter = (
+        rollout.get("temperature"),
+        rollout.get("top_p", 1.0),
+        rollout.get("top_k", -1),
+    )
+    logprobs_mode = rollout.get("logprobs_mode")
+    request = {"logprobs": top_k, "temperature": temperature, "top_p": top_p, "top_k": top_k_filter}
+    try:
+        validate_score_centering_request(request, top_k, logprobs_mode=logprobs_mode)
+    except ScoreCenteringCaptureError as err:
+        if err.check == "temperature":
+            raise ValueError(
+                f"{key}.temperature: score centering needs a positive finite temperature, got {temperature}"
+            ) from None
+        if err.check == "sampling_filter":
+            name = "top_p" if top_p < 1.0 else "top_k"
+            raise ValueError(
+                f"{key}.{name}: sampling filters need sampler replay, which the verl integration does not do; "
+                f"sample with top_p=1.0 top_k=-1 (got top_p={top_p}, top_k={top_k_filter})"
+            ) from None
+        raise ValueError(
+            f"{key}.logprobs_mode: score centering needs the sampler's own probabilities: processed_logprobs "
+            f"(raw_logprobs only at temperature 1), got {logprobs_mode!r}"
+        ) from None
 
 
 def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str, str | None]:
@@ -272,15 +277,16 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
     top_k = shared.score_centering_top_k
     _check_rollout(config.actor_rollout_ref.rollout, top_k)
     base, aggregation = _check_actor(config, shared)
-    mode, bounds = _mode(config, shared.score_centering_importance_sampling)
-    outer = None
-    if mode == "adaptive-ppo-clip":
-        outer = shared.score_centering_adaptive_outer_bound
-        if outer <= bounds[1]:
-            raise ValueError(
-                f"score_centering_adaptive_outer_bound: must be above hi = 1 + actor.clip_ratio_high = {bounds[1]}, got {outer}"
-            )
-    return ScoreCenteringSettings(top_k, mode, bounds, outer, shared.force_on_policy_ratio, base, aggregation)
+    mode, bounds, outer = _mode(config, shared)
+    return ScoreCenteringSettings(
+        top_k,
+        mode,
+        bounds,
+        outer,
+        shared.force_on_policy_ratio,
+        base_loss_mode=base,
+        base_aggregation=aggregation,
+    )
 
 
 def prepare_config(config: DictConfig, settings: ScoreCenteringSettings) -> None:

@@ -1,9 +1,11 @@
 """Every verl internal score centering relies on, named and checked against verl 0.9.1 (docs/verl.md,
-"Score centering in verl").
+"Score centering in verl"; the behaviour is docs/reference/score-centering.md §5).
 
 :func:`check_verl_internals` runs when the plugin loads (it imports no vLLM): the trainer, worker, engine,
-loss and agent-loop methods the integration overrides, wraps or calls, with their parameters, and the
-engine's top-k logits hook. :func:`check_vllm_server` runs when a score-centering trainer starts, in the
+loss and agent-loop methods the integration overrides, wraps or calls, with their parameters; the engine's
+top-k logits hook and its Ulysses label roll-then-slice (which the loss's sampler fields copy); the
+TaskRunner reading ``agent.agent_loop_manager_class``, and the agent-loop manager building its workers in
+``create`` after ``__init__`` (the plugin's manager swaps the worker class in between). :func:`check_vllm_server` runs when a score-centering trainer starts, in the
 TaskRunner before any worker: verl's vLLM server and replica. A mismatch raises ``ImportError`` naming the
 internal and the verl release this was written for.
 """
@@ -11,6 +13,7 @@ internal and the verl release this was written for.
 from __future__ import annotations
 
 import inspect
+import re
 
 from ._host import EXPECTED
 
@@ -40,11 +43,34 @@ def _raise(changed: list[str]) -> None:
         )
 
 
+def _source(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _missing_in_source(expected: list[tuple[str, object, tuple[str, ...]]]) -> list[str]:
+    """``name (what)`` for each function whose source lacks one of its patterns (regular expressions, in order)."""
+    changed = []
+    for what, function, patterns in expected:
+        source, start = _source(function), 0
+        for pattern in patterns:
+            found = re.compile(pattern).search(source, start)
+            if found is None:
+                changed.append(what)
+                break
+            start = found.end()
+    return changed
+
+
 def check_verl_internals() -> None:
     """The trainer, worker, engine, loss and agent-loop internals (no vLLM import)."""
-    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager, AgentLoopOutput, AgentLoopWorker
+    from verl.trainer import main_ppo
     from verl.trainer.ppo import core_algos, rollout_corr_helper
     from verl.trainer.ppo.v1 import agent_loop_tq, trainer_base
+    from verl.utils import ulysses
     from verl.workers import engine_workers
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
     from verl.workers.rollout.llm_server import LLMServerClient
@@ -56,6 +82,7 @@ def check_verl_internals() -> None:
 
     trainer = trainer_base.PPOTrainer
     worker = getattr(agent_loop_tq.AgentLoopWorkerTQ, "__ray_actor_class__", None)
+    runner = getattr(main_ppo.TaskRunnerV1, "__ray_actor_class__", None)
     changed = _changed(
         [
             (trainer, "_update_actor", ("self", "batch", "metrics")),
@@ -85,8 +112,42 @@ def check_verl_internals() -> None:
             (LLMServerClient, "generate", ("self", "request_id", "prompt_ids", "sampling_params", "image_data")
              + ("video_data", "audio_data", "mm_processor_kwargs", "kwargs")),
             (RolloutReplicaRegistry, "register", ("name", "loader")),
+            (runner, "init_agent_loop_manager", ("self",)),
+            (AgentLoopWorker, "__init__", ("self", "config", "llm_client", "teacher_client")
+             + ("reward_loop_worker_handles",)),
+            (worker, "__init__", ("self", "args", "kwargs")),
+            (ulysses, "slice_input_tensor", ("x", "dim", "padding", "group")),
+            (ulysses, "ulysses_pad_and_slice_inputs", ("input_ids_rmpad", "position_ids_rmpad", "sp_size")
+             + ("skip_position_ids_rmpad", "pad_value")),
         ]
     )  # fmt: skip
+    changed += _missing_in_source(
+        [
+            (
+                "TaskRunnerV1.init_agent_loop_manager (no longer loads agent.agent_loop_manager_class)",
+                getattr(runner, "init_agent_loop_manager", None),
+                (r"get\(\"agent_loop_manager_class\"\)", r"load_class_from_fqn\(", r"\.create\("),
+            ),
+            (
+                "AgentLoopManagerTQ.create (no longer builds the workers after __init__)",
+                agent_loop_tq.AgentLoopManagerTQ.create,
+                (r"cls\(\*args, \*\*kwargs\)", r"_init_agent_loop_workers\(\)"),
+            ),
+            (
+                "AgentLoopManager._init_agent_loop_workers (no longer builds self.agent_loop_workers_class)",
+                AgentLoopManager._init_agent_loop_workers,
+                (r"self\.agent_loop_workers_class\.options\(",),
+            ),
+            (
+                "FSDPEngineWithLMHead.prepare_model_inputs (its Ulysses label roll, then pad-and-slice)",
+                FSDPEngineWithLMHead.prepare_model_inputs,
+                (
+                    r"torch\.roll\(input_ids_rmpad, shifts=-1",
+                    r"ulysses_pad_and_slice_inputs\(\s*input_ids_rmpad_rolled",
+                ),
+            ),
+        ]
+    )
     hook = inspect.getsource(FSDPEngineWithLMHead.prepare_model_outputs)
     if not all(
         marker in hook for marker in ("distillation_use_topk", "distillation_only", "student_logits=")

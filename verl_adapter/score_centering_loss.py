@@ -37,24 +37,19 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
 from trl_length_plugin.losses.score_centering import (
+    METRIC_KEYS,
     compute_score_centering_term,
-    sampled_token_weights,
+    sampled_token_weights_from_logprobs,
     score_centering_token_metrics,
 )
 from trl_length_plugin.losses.topk_logprobs import logprobs_at_ids
 
-from .score_centering_config import LOSS_MODE, ScoreCenteringSettings
+from .score_centering_config import LOSS_MODE, MANAGER_CLASS, ScoreCenteringSettings
 
 #: the token-aligned rollout fields (``[prompt + response, K]`` per row)
 SAMPLER_IDS, SAMPLER_LOGPROBS = "sampler_topk_ids", "sampler_topk_logprobs"
 #: the hook's per-token outputs besides ``log_probs``
 CORRECTION = "score_centering/correction"
-TOKEN_METRICS = (
-    "score_centering/head_mass",
-    "score_centering/train_head_mass",
-    "score_centering/rho_mean",
-    "score_centering/correction_abs_mean",
-)
 #: what the trainer puts on each update's micro-batches
 ADAPTIVE_K = "score_centering_adaptive_k"
 HOOK_FLAGS = {"distillation_use_topk": True, "distillation_only": True}
@@ -103,15 +98,27 @@ def _local(packed: torch.Tensor) -> torch.Tensor:
     return slice_input_tensor(rolled.unsqueeze(0), dim=1).squeeze(0)
 
 
-def _bounds(settings: ScoreCenteringSettings, k: float) -> tuple[float, float] | None:
+def _adaptive_k(data, settings: ScoreCenteringSettings) -> float:
+    """The controller's k the trainer put on the micro-batch (adaptive-ppo-clip; 0 otherwise)."""
     if settings.mode != "adaptive-ppo-clip":
-        return settings.bounds
-    return settings.bounds[0], settings.bounds[1] + k
+        return 0.0
+    k = tu.get_non_tensor_data(data, ADAPTIVE_K, None)
+    if k is None:
+        raise RuntimeError(
+            f"score centering adaptive-ppo-clip: the micro-batch lacks {ADAPTIVE_K}; the update must come from "
+            "the score-centering trainer (verl_adapter.score_centering_trainer)"
+        )
+    return float(k)
 
 
 def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -> dict[str, torch.Tensor]:
     """The logits processor: ``log_probs``, C and the §5.6 values, each ``(1, tokens on this rank)``."""
     logits = logits.squeeze(0)
+    missing = [name for name in (SAMPLER_IDS, SAMPLER_LOGPROBS) if name not in data]
+    if missing:
+        raise RuntimeError(
+            f"score centering: the micro-batch lacks {missing[0]}; the rollout must come from {MANAGER_CLASS}"
+        )
     labels = _local(data["input_ids"].values())
     ids = _local(data[SAMPLER_IDS].values()).long()
     sampler = _local(data[SAMPLER_LOGPROBS].values())
@@ -121,14 +128,19 @@ def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -
             f"score centering: {ids.shape[0]} sampler rows and {labels.shape[0]} labels for {logits.shape[0]} "
             "logit rows on this rank (verl's packing or sequence-parallel slicing changed)"
         )
-    logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1))
+    # verl's rule for its own log-softmax: the gradient goes into the logits unless entropy (or sum pi^2)
+    # reads them in the backward too
+    shared = any(
+        tu.get_non_tensor_data(data, key, False) for key in ("calculate_entropy", "calculate_sum_pi_squared")
+    )
+    logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1), inplace_backward=not shared)
     adaptive = settings.mode == "adaptive-ppo-clip"
-    k = float(tu.get_non_tensor_data(data, ADAPTIVE_K, 0.0))
+    k = _adaptive_k(data, settings)
     term = compute_score_centering_term(
         logprobs[:, 1:],
         sampler_topk_logprobs=sampler,
         importance_sampling_mode=settings.mode,
-        is_bounds=_bounds(settings, k),
+        is_bounds=settings.bounds_at(k),
         token_mask=mask,
         sampler_replay=False,
         adaptive_ppo_clip_advantages=_local(_packed_response(data, "advantages")) if adaptive else None,
@@ -158,7 +170,6 @@ def score_centering_ppo_loss(
     data=None,
     dp_group=None,
     student_logits=None,
-    data_format: str = "thd",
 ):
     """The actor's loss function: the logits processor when verl passes ``student_logits``, else
     ``ppo_loss`` with ``loss_mode=score_centering`` plus the §5.6 metrics (and adaptive-ppo-clip counts)."""
@@ -172,33 +183,20 @@ def score_centering_ppo_loss(
     mask = data["response_mask"].to_padded_tensor(0).bool()
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     rollout = data["rollout_log_probs"].to_padded_tensor(0.0)
-    k = float(tu.get_non_tensor_data(data, ADAPTIVE_K, 0.0))
+    k = _adaptive_k(data, settings)
     inputs = _MicroBatch(settings, no_padding_2_padding(model_output[CORRECTION], data), rollout, k)
     with _micro_batch(inputs):
         loss, metrics = ppo_loss(config, model_output, data, dp_group)
-    for key in TOKEN_METRICS:
+    for key in METRIC_KEYS:
         metrics[key] = _share(
             torch.where(mask, no_padding_2_padding(model_output[key], data), 0.0).sum(), data
         )
     if settings.mode == "adaptive-ppo-clip":
         ratio = torch.where(mask, log_prob.detach() - rollout, 0.0).exp()
         advantages = data["advantages"].to_padded_tensor(0.0)
-        clipped, positive = AdaptiveClipController.counts(ratio, advantages, mask, _bounds(settings, k)[1])
+        clipped, positive = AdaptiveClipController.counts(ratio, advantages, mask, settings.bounds_at(k)[1])
         metrics[CLIPPED], metrics[POSITIVE] = _share(clipped, data), _share(positive, data)
     return loss, metrics
-
-
-def _sampled_token_weights(inputs: _MicroBatch, old_log_prob, advantages, response_mask) -> torch.Tensor:
-    """``is``/``adaptive-ppo-clip``: the mode's weights of the ratio old / sampler (verl's convention for
-    ``rollout_is_weights``), zero outside the mask."""
-    settings = inputs.settings
-    ratio = torch.where(response_mask, old_log_prob - inputs.rollout_log_probs, 0.0).exp()
-    if settings.mode == "is":
-        weights = sampled_token_weights(ratio, "is")
-    else:
-        bounds = _bounds(settings, inputs.adaptive_k)
-        weights = sampled_token_weights(ratio, settings.mode, bounds, advantages, settings.outer_bound)
-    return torch.where(response_mask, weights, 0.0)
 
 
 @core_algos.register_policy_loss(LOSS_MODE)
@@ -225,7 +223,17 @@ def compute_policy_loss_score_centering(
                 f"score centering {settings.mode}: verl also computed rollout_is_weights; "
                 "set algorithm.rollout_correction.rollout_is=null"
             )
-        rollout_is_weights = _sampled_token_weights(inputs, old_log_prob, advantages, response_mask)
+        rollout_is_weights = (
+            sampled_token_weights_from_logprobs(  # the ratio old / sampler, verl's convention
+                old_log_prob,
+                inputs.rollout_log_probs,
+                response_mask,
+                settings.mode,
+                settings.bounds_at(inputs.adaptive_k),
+                advantages,
+                settings.outer_bound,
+            )
+        )
     base = core_algos.get_policy_loss_fn(settings.base_loss_mode)
     loss, metrics = base(
         old_log_prob=log_prob.detach() if settings.force_on_policy else old_log_prob,

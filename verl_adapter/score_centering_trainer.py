@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 from functools import partial
@@ -33,14 +32,13 @@ from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
+from trl_length_plugin.losses.adaptive_controller import STATE_FILE, AdaptiveClipController
 
 from .score_centering_config import LOSS_MODE, prepare_config, resolve_settings, score_centering_config
 from .score_centering_host import check_vllm_server
 from .score_centering_loss import ADAPTIVE_K, CLIPPED, HOOK_FLAGS, POSITIVE, score_centering_ppo_loss
 
 logger = logging.getLogger("trl_length_plugin")
-STATE_FILE = "score_centering_state.json"
 METRIC_PREFIX = "actor/score_centering/"
 
 
@@ -120,8 +118,7 @@ class ScoreCenteringMixin:
         if self.score_centering_controller is not None:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, STATE_FILE), "w") as state:
-                json.dump(self.score_centering_controller.state_dict(), state)
+            self.score_centering_controller.save(folder)
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
@@ -133,11 +130,9 @@ class ScoreCenteringMixin:
             folder = trainer.resume_from_path
         else:
             folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
-        path = os.path.join(os.path.abspath(folder), STATE_FILE)
-        if not os.path.exists(path):
+        folder = os.path.abspath(folder)
+        if not self.score_centering_controller.load(folder):
             logger.warning(
-                "trl-length-plugin: %s not found; the adaptive-ppo-clip controller restarts from k_init", path
+                "trl-length-plugin: %s not found; the adaptive-ppo-clip controller restarts from k_init",
+                os.path.join(folder, STATE_FILE),
             )
-            return
-        with open(path) as state:
-            self.score_centering_controller.load_state_dict(json.load(state))

@@ -3,14 +3,20 @@
 
 After each optimizer step, f is the fraction of valid sampled tokens with A > 0 whose ratio r = p(y) / q(y)
 (trainer over sampler, detached) exceeds hi + k, over the whole step and every process (the host sums the
-counts); then k <- clamp(k + delta if f > target else k - delta, k_min, k_max).
+counts); then k <- clamp(k + delta if f > target else k - delta, k_min, k_max). Hosts keep its state in
+``STATE_FILE`` inside each checkpoint folder (:meth:`AdaptiveClipController.save`, :meth:`~AdaptiveClipController.load`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass
 
 import torch
+
+#: the controller's state in a checkpoint folder
+STATE_FILE = "score_centering_state.json"
 
 
 @dataclass
@@ -65,3 +71,17 @@ class AdaptiveClipController:
     def load_state_dict(self, state: dict) -> None:
         for name, value in state.items():
             setattr(self, name, value)
+
+    def save(self, folder: str) -> None:
+        """Write the state to ``folder/STATE_FILE``."""
+        with open(os.path.join(folder, STATE_FILE), "w") as state:
+            json.dump(self.state_dict(), state)
+
+    def load(self, folder: str) -> bool:
+        """Restore the state from ``folder/STATE_FILE``; False (state unchanged) when the file is missing."""
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.exists(path):
+            return False
+        with open(path) as state:
+            self.load_state_dict(json.load(state))
+        return True

@@ -33,6 +33,13 @@ ImportanceSamplingMode = Literal["off", "is", "tis", "icepop", "adaptive-ppo-cli
 IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ("off", "is", "tis", "icepop", "adaptive-ppo-clip")
 BOUNDED_MODES: tuple[str, ...] = ("tis", "icepop", "adaptive-ppo-clip")
 RHO_DENOMINATOR_FLOOR = 1e-6
+#: the keys of :func:`score_centering_token_metrics` and :func:`score_centering_metrics` (§5.6)
+METRIC_KEYS: tuple[str, ...] = (
+    "score_centering/head_mass",
+    "score_centering/train_head_mass",
+    "score_centering/rho_mean",
+    "score_centering/correction_abs_mean",
+)
 
 
 class ScoreCenteringTerm(NamedTuple):
@@ -232,6 +239,24 @@ def sampled_token_weights(
     return torch.where(kept, ratio, 0.0)
 
 
+def sampled_token_weights_from_logprobs(
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    importance_sampling_mode: ImportanceSamplingMode,
+    is_bounds: tuple[float, float] | None = None,
+    advantages: torch.Tensor | None = None,
+    outer_bound: float | None = None,
+) -> torch.Tensor:
+    """:func:`sampled_token_weights` of the ratio r = exp(old - sampler) of each sampled token, the weights a
+    host lacks for ``"is"`` and ``"adaptive-ppo-clip"`` (reference §5.5, §5.7); zero outside ``token_mask``
+    (whatever the logprobs hold there)."""
+    mask = token_mask.bool()
+    ratio = torch.where(mask, old_logprobs - sampler_logprobs, 0.0).exp()
+    weights = sampled_token_weights(ratio, importance_sampling_mode, is_bounds, advantages, outer_bound)
+    return torch.where(mask, weights, 0.0)
+
+
 def score_centering_token_metrics(
     policy_logprobs_at_sampler_topk: torch.Tensor,
     *,
@@ -246,13 +271,8 @@ def score_centering_token_metrics(
     with torch.no_grad():
         head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
         mask = token_mask.bool()
-        values = {
-            "score_centering/head_mass": head.q.sum(-1),
-            "score_centering/train_head_mass": head.p.sum(-1),
-            "score_centering/rho_mean": head.rho,
-            "score_centering/correction_abs_mean": correction.detach().abs(),
-        }
-        return {key: torch.where(mask, value, 0.0) for key, value in values.items()}
+        values = (head.q.sum(-1), head.p.sum(-1), head.rho, correction.detach().abs())
+        return {key: torch.where(mask, value, 0.0) for key, value in zip(METRIC_KEYS, values, strict=True)}
 
 
 def score_centering_metrics(

@@ -2,11 +2,14 @@
 
 Host-independent rules only: the top-k count, the mode, ``force_on_policy_ratio`` and the adaptive
 controller's keys, validated together. Each host adds its own checks (its importance-sampling settings,
-sampling filters, the optimizer-update rule) and resolves ``auto``. Needs only pydantic.
+sampling filters, the optimizer-update rule), resolves ``auto`` and derives adaptive-ppo-clip's bounds from
+its clip keys (:func:`adaptive_ppo_clip_bounds`); :class:`ScoreCenteringPlanBase` is what every host's
+resolved plan holds. Needs only pydantic.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
@@ -76,3 +79,60 @@ class ScoreCenteringConfig(BaseModel):
 
 #: the keys of ``ScoreCenteringConfig``, as a user writes them
 SCORE_CENTERING_KEYS = tuple(ScoreCenteringConfig.model_fields)
+
+
+def adaptive_ppo_clip_bounds(
+    config: ScoreCenteringConfig, low: float, high: float, low_key: str, high_key: str
+) -> tuple[tuple[float, float], float]:
+    """adaptive-ppo-clip's ``(lo, hi) = (1 - low, 1 + high)`` from a host's clip keys and the outer bound
+    (reference §5.7), checked at load time: ``lo >= 0`` and an outer bound above hi (errors name the key)."""
+    lo, hi = 1.0 - low, 1.0 + high
+    if lo < 0:
+        raise ValueError(
+            f"{low_key}: adaptive-ppo-clip's lower bound lo = 1 - {low_key} must be >= 0, got {lo:g}"
+        )
+    outer = config.score_centering_adaptive_outer_bound
+    if outer <= hi:
+        raise ValueError(
+            f"score_centering_adaptive_outer_bound: must be above hi = 1 + {high_key} = {hi}, got {outer}"
+        )
+    return (lo, hi), outer
+
+
+@dataclass(frozen=True)
+class ScoreCenteringPlanBase:
+    """What every host resolves (reference §5.5, §5.7): K, the mode and its bounds (adaptive-ppo-clip: (lo, hi)
+    before the offset k), the outer bound and the detached on-policy ratio. A host's plan adds its own fields
+    and :attr:`detail`, the host's part of :meth:`summary`."""
+
+    top_k: int
+    mode: str
+    bounds: tuple[float, float] | None
+    outer_bound: float | None
+    force_on_policy: bool
+
+    @property
+    def writes_weights(self) -> bool:
+        """No host has untruncated token IS or the adaptive filter: the plugin writes those sampled-token weights."""
+        return self.mode in ("is", "adaptive-ppo-clip")
+
+    def bounds_at(self, k: float) -> tuple[float, float] | None:
+        """The bounds for this step: adaptive-ppo-clip's (lo, hi + k), the mode's own bounds otherwise."""
+        if self.mode != "adaptive-ppo-clip":
+            return self.bounds
+        return self.bounds[0], self.bounds[1] + k
+
+    @property
+    def detail(self) -> str:
+        raise NotImplementedError
+
+    def summary(self) -> str:
+        """One line saying what runs, for the setup log."""
+        mode = self.mode
+        if self.bounds is not None:
+            offset = " + k" if mode == "adaptive-ppo-clip" else ""
+            mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
+        parts = [f"K={self.top_k}", f"mode {mode}", self.detail]
+        if self.force_on_policy:
+            parts.append("on-policy ratio")
+        return "score centering: " + ", ".join(parts)

@@ -376,10 +376,11 @@ def policy_logprobs_at_sampler_topk(
 
 class _LogprobsAtIdsFromLogits(torch.autograd.Function):
     """log_softmax(logits) at ``ids [N, C]``, chunked over tokens; saves the logits by reference and the
-    ``[N]`` log-normalizers, never a probability tensor (the backward recomputes them chunk by chunk)."""
+    ``[N]`` log-normalizers, never a probability tensor (the backward recomputes them chunk by chunk). With
+    ``inplace`` the backward writes the logit gradient into the saved logits."""
 
     @staticmethod
-    def forward(ctx, logits, ids, chunk_size: int):
+    def forward(ctx, logits, ids, chunk_size: int, inplace: bool):
         ctx.set_materialize_grads(False)
         acc = torch.promote_types(logits.dtype, torch.float32)
         log_normalizer = torch.empty(logits.shape[0], device=logits.device, dtype=acc)
@@ -387,15 +388,15 @@ class _LogprobsAtIdsFromLogits(torch.autograd.Function):
             log_normalizer[t0 : t0 + chunk_size] = logits[t0 : t0 + chunk_size].to(acc).logsumexp(-1)
         logprobs = logits.gather(1, ids).to(acc) - log_normalizer.unsqueeze(1)
         ctx.save_for_backward(logits, ids, log_normalizer)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.inplace = chunk_size, inplace
         return logprobs
 
     @staticmethod
     def backward(ctx, grad_logprobs):
         if grad_logprobs is None:
-            return None, None, None
+            return None, None, None, None
         logits, ids, log_normalizer = ctx.saved_tensors
-        grad_logits = torch.empty_like(logits)
+        grad_logits = logits if ctx.inplace else torch.empty_like(logits)  # rows are read before written
         for t0 in range(0, logits.shape[0], ctx.chunk_size):
             rows = slice(t0, t0 + ctx.chunk_size)
             g = grad_logprobs[rows].to(log_normalizer.dtype)
@@ -403,11 +404,15 @@ class _LogprobsAtIdsFromLogits(torch.autograd.Function):
             grad = (logits[rows].to(g.dtype) - log_normalizer[rows].unsqueeze(1)).exp_()
             grad.mul_(-g.sum(1, keepdim=True)).scatter_add_(1, ids[rows], g)
             grad_logits[rows] = grad.to(logits.dtype)
-        return grad_logits, None, None
+        return grad_logits, None, None, None
 
 
 def logprobs_at_ids(
-    logits: torch.Tensor, ids: torch.Tensor, *, token_chunk_size: int = DEFAULT_TOKEN_CHUNK_SIZE
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    token_chunk_size: int = DEFAULT_TOKEN_CHUNK_SIZE,
+    inplace_backward: bool = False,
 ) -> torch.Tensor:
     """``log_softmax(logits)`` gathered at ``ids`` for hosts that hand over the logits themselves
     (docs/reference/score-centering.md §5.4): ``logits [N, V]`` (already divided by the temperature),
@@ -416,7 +421,9 @@ def logprobs_at_ids(
 
     The forward keeps only the ``[N]`` log-normalizers besides the logits it was given; the backward writes
     the one ``[N, V]`` logit gradient any log-softmax backward needs, recomputing probabilities per chunk of
-    ``token_chunk_size`` rows.
+    ``token_chunk_size`` rows. ``inplace_backward`` writes that gradient into ``logits`` themselves (no
+    ``[N, V]`` buffer), for a host whose logits nothing else uses in its backward (verl's rule for its own
+    log-softmax: no entropy from the same logits); ``logits`` then must not be a leaf the caller reads after.
     """
     if logits.dim() != 2 or ids.dim() != 2 or ids.shape[0] != logits.shape[0]:
         raise ValueError(
@@ -425,4 +432,4 @@ def logprobs_at_ids(
     ids = ids.long()
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= logits.shape[1]):
         raise ValueError(f"token ids must lie in [0, {logits.shape[1]}) (the logits' vocabulary)")
-    return _LogprobsAtIdsFromLogits.apply(logits, ids, token_chunk_size)
+    return _LogprobsAtIdsFromLogits.apply(logits, ids, token_chunk_size, inplace_backward)

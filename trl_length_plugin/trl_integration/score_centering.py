@@ -17,7 +17,6 @@ alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, i
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,48 +27,33 @@ import torch
 from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
 from trl_length_plugin.losses.score_centering import (
     compute_score_centering_term,
-    sampled_token_weights,
+    sampled_token_weights_from_logprobs,
     score_centering_metrics,
 )
+from trl_length_plugin.losses.score_centering_config import ScoreCenteringPlanBase, adaptive_ppo_clip_bounds
 from trl_length_plugin.trl_integration import vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
+from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
 #: generation_kwargs that would change what vLLM returns for the head
 CAPTURE_KWARGS = ("logprobs", "prompt_logprobs", "logprob_token_ids", "flat_logprobs", "detokenize")
-STATE_FILE = "score_centering_state.json"
 logger = logging.getLogger("trl_length_plugin")
 
 
 @dataclass(frozen=True)
-class ScoreCenteringPlan:
-    """What the trainer does: K, the mode and its bounds (adaptive-ppo-clip: (lo, hi) before the offset k),
-    the outer bound, sampler replay, the detached on-policy ratio, and whether the plugin writes the
-    sampled-token importance weights (TRL has no ``is`` or ``adaptive-ppo-clip`` mode)."""
+class ScoreCenteringPlan(ScoreCenteringPlanBase):
+    """What the trainer does: the shared plan (K, the mode and its bounds, the outer bound, the on-policy
+    ratio) and sampler replay. TRL has no ``is`` or ``adaptive-ppo-clip`` mode: the plugin writes those
+    sampled-token weights."""
 
-    top_k: int
-    mode: str
-    bounds: tuple[float, float] | None
-    outer_bound: float | None
-    replay: bool
-    force_on_policy: bool
+    replay: bool = False
 
     @property
-    def writes_weights(self) -> bool:
-        return self.mode in ("is", "adaptive-ppo-clip")
-
-    def summary(self) -> str:
-        """One line saying what runs, for the setup log."""
-        mode = self.mode
-        if self.bounds is not None:
-            offset = " + k" if mode == "adaptive-ppo-clip" else ""
-            mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
-        parts = [f"K={self.top_k}", f"mode {mode}", "sampler replay" if self.replay else "full vocabulary"]
-        if self.force_on_policy:
-            parts.append("on-policy ratio")
-        return "score centering: " + ", ".join(parts)
+    def detail(self) -> str:
+        return "sampler replay" if self.replay else "full vocabulary"
 
 
 def _sampling(args) -> dict:
@@ -79,8 +63,9 @@ def _sampling(args) -> dict:
     return {name: kwargs.get(name, getattr(args, name)) for name in names}
 
 
-def _mode(args, wanted: str) -> tuple[str, tuple[float, float] | None]:
-    """The mode and bounds from TRL's importance-sampling keys (reference §5.5)."""
+def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
+    """The mode, its bounds and the outer bound from TRL's importance-sampling keys (reference §5.5, §5.7)."""
+    wanted = config.score_centering_importance_sampling
     correction, trl_mode = args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode
     if correction and trl_mode in SEQUENCE_MODES:
         raise ValueError(
@@ -111,11 +96,11 @@ def _mode(args, wanted: str) -> tuple[str, tuple[float, float] | None]:
             raise ValueError(
                 f"vllm_importance_sampling_clip_max: {mode} needs a finite upper bound, got {high}"
             )
-        return mode, (low, high)
+        return mode, (low, high), None
     if mode == "adaptive-ppo-clip":
         high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-        return mode, (1.0 - args.epsilon, 1.0 + high)
-    return mode, None
+        return mode, *adaptive_ppo_clip_bounds(config, args.epsilon, high, "epsilon", "epsilon_high")
+    return mode, None, None
 
 
 def resolve_plan(args) -> ScoreCenteringPlan | None:
@@ -134,26 +119,24 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
     if captured:
         raise ValueError(f"generation_kwargs.{captured[0]}: score centering sets what vLLM returns; drop it")
     sampling = _sampling(args)
-    temperature = sampling["temperature"]
-    if not (isinstance(temperature, int | float) and math.isfinite(temperature) and temperature > 0):
-        raise ValueError(
-            f"temperature: score centering needs a positive finite temperature, got {temperature}"
-        )
     top_p, min_p, top_k_filter = sampling["top_p"], sampling["min_p"] or 0.0, sampling["top_k"] or 0
     replay = top_k_filter > 0 or top_p < 1.0 or min_p > 0.0
-    if replay and not 1 <= top_k_filter <= top_k:
+    filters = (
+        f"top_k: sampling filters need sampler replay, whose head must hold the kept set: set top_k between 1 "
+        f"and score_centering_top_k={top_k} (top_p and min_p only shrink it), got top_k={top_k_filter}"
+    )
+    request = {"logprobs": top_k, **{name: value for name, value in sampling.items() if value is not None}}
+    try:  # the core's request rules; TRL's keys in the message
+        validate_score_centering_request(request, top_k, sampler_replay=replay)
+    except ScoreCenteringCaptureError as err:
+        if err.check != "temperature":
+            raise ValueError(filters) from None
         raise ValueError(
-            f"top_k: sampling filters need sampler replay, whose head must hold the kept set: set top_k between 1 "
-            f"and score_centering_top_k={top_k} (top_p and min_p only shrink it), got top_k={top_k_filter}"
-        )
-    mode, bounds = _mode(args, config.score_centering_importance_sampling)
-    outer = None
-    if mode == "adaptive-ppo-clip":
-        outer = config.score_centering_adaptive_outer_bound
-        if outer <= bounds[1]:
-            raise ValueError(
-                f"score_centering_adaptive_outer_bound: must be above hi = 1 + epsilon_high = {bounds[1]}, got {outer}"
-            )
+            f"temperature: score centering needs a positive finite temperature, got {sampling['temperature']}"
+        ) from None
+    if replay and not 1 <= top_k_filter <= top_k:
+        raise ValueError(filters)
+    mode, bounds, outer = _mode(args, config)
     if config.force_on_policy_ratio:
         accumulation, per_generation = args.gradient_accumulation_steps, args.steps_per_generation
         if args.num_iterations != 1 or accumulation % per_generation:
@@ -163,7 +146,7 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
                 f"{args.num_iterations}, steps_per_generation={per_generation}, "
                 f"gradient_accumulation_steps={accumulation})"
             )
-    return ScoreCenteringPlan(top_k, mode, bounds, outer, replay, config.force_on_policy_ratio)
+    return ScoreCenteringPlan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay=replay)
 
 
 class ScoreCenteringMixin:
@@ -270,21 +253,23 @@ class ScoreCenteringMixin:
         output["sampler_topk_ids"], output["sampler_topk_logprobs"] = ids, logprobs
         return output
 
+    @property
+    def _adaptive_k(self) -> float:
+        """The controller's current offset k (0 without the adaptive-ppo-clip controller)."""
+        return self._controller.k if self._controller is not None else 0.0
+
     def _sampled_token_weights(self, inputs: dict) -> torch.Tensor:
         """The sampled-token weights of ``is`` / ``adaptive-ppo-clip`` from TRL's old and sampler logprobs (the
         ratio TRL computes, before its own truncation)."""
-        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
-        difference = ((inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]) * mask).nan_to_num(
-            0.0
-        )
-        plan, ratio = self._score_plan, difference.exp()
-        if plan.mode == "is":
-            return sampled_token_weights(ratio, "is")
-        low, high = plan.bounds
-        advantages = inputs["advantages"]
-        advantages = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).expand_as(ratio)
-        return sampled_token_weights(
-            ratio, plan.mode, (low, high + self._controller.k), advantages, plan.outer_bound
+        plan, advantages = self._score_plan, inputs["advantages"]
+        return sampled_token_weights_from_logprobs(
+            inputs["old_per_token_logps"],
+            inputs["sampling_per_token_logps"],
+            inputs["completion_mask"] * inputs.get("tool_mask", 1),
+            plan.mode,
+            plan.bounds_at(self._adaptive_k),
+            advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
+            plan.outer_bound,
         )
 
     # -- the forward --------------------------------------------------------------------------------------
@@ -334,9 +319,7 @@ class ScoreCenteringMixin:
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-        bounds = plan.bounds
-        if plan.mode == "adaptive-ppo-clip":
-            bounds = (bounds[0], bounds[1] + self._controller.k)
+        bounds = plan.bounds_at(self._adaptive_k)
         term = compute_score_centering_term(
             topk,
             sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
@@ -396,14 +379,16 @@ class ScoreCenteringMixin:
         if self._controller is None or not training:
             return
         ratio = (self._loss_logps.detach() - inputs["sampling_per_token_logps"]).nan_to_num(0.0).exp()
-        upper = self._score_plan.bounds[1] + self._controller.k
+        upper = self._score_plan.bounds_at(self._adaptive_k)[1]
         counts = self._controller.counts(ratio, advantages.expand_as(mask), mask, upper)
         self._controller.accumulate(self.accelerator.reduce(counts, reduction="sum"))
         if (
             self.accelerator.sync_gradients
         ):  # the step's last micro-batch: one controller step per optimizer step
-            self._metrics[mode]["score_centering/adaptive_k"].append(self._controller.k)
             self._metrics[mode]["score_centering/adaptive_clip_frac"].append(self._controller.step())
+            self._metrics[mode]["score_centering/adaptive_k"].append(
+                self._controller.k
+            )  # after the step (§5.6)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
@@ -414,13 +399,9 @@ class ScoreCenteringMixin:
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            with open(os.path.join(folder, STATE_FILE), "w") as state:
-                json.dump(self._controller.state_dict(), state)
+            self._controller.save(folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._controller is not None and checkpoint is not None:
-            path = os.path.join(checkpoint, STATE_FILE)
-            if os.path.exists(path):
-                with open(path) as state:
-                    self._controller.load_state_dict(json.load(state))
+            self._controller.load(checkpoint)
