@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_server import free_port
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -16,11 +14,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TRL_LENGTH_PLUGIN_CACHE", str(REPO / ".cache" / "models"))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-
-
-# torch.distributed's default port (29500) is shared with every other run on the machine; one free port per
-# session for the in-process and subprocess process groups that do not choose their own
-os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 @pytest.fixture(scope="session")
@@ -63,3 +56,22 @@ def vllm_for_verl(tmp_path_factory):
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = previous
+
+
+#: torch.distributed's rendezvous variables as the session found them
+DISTRIBUTED_ENV = {
+    key: os.environ.get(key) for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+}
+
+
+@pytest.fixture(autouse=True)
+def restore_distributed_env():
+    """TRL's colocated vLLM engine writes RANK, WORLD_SIZE and MASTER_* into ``os.environ`` and keeps its
+    process group (and port) for the session; without this, a later test's subprocess inherits them and
+    tries to rendezvous on the port this process holds."""
+    yield
+    for key, value in DISTRIBUTED_ENV.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
