@@ -22,6 +22,22 @@ def require_supported_verl(feature: str) -> None:
         )
 
 
+#: the built-in V1 trainers the adapter's mixins go in front of
+BUILTIN_TRAINERS = ("sync", "colocate_async", "separate_async")
+
+
+def wrap_builtin_trainers(mixin: type, prefix: str, module: str) -> None:
+    """Put ``mixin`` in front of each built-in V1 trainer in verl's trainer registry (idempotent); the new
+    classes are named ``prefix`` + the trainer's name, in ``module``."""
+    from verl.trainer.ppo.v1 import trainer_base
+
+    registry = trainer_base.TRAINER_REGISTRY
+    for name in BUILTIN_TRAINERS:
+        base = registry[name]
+        if not issubclass(base, mixin):
+            registry[name] = type(f"{prefix}{base.__name__}", (mixin, base), {"__module__": module})
+
+
 def refuse_in_legacy_trainer(feature: str, enabled: Callable) -> None:
     """Wrap ``RayPPOTrainer.__init__`` (once per feature) so that a legacy run (``trainer.use_v1=false``) whose
     config ``enabled`` says uses ``feature`` fails before any worker starts instead of silently ignoring it."""

@@ -24,13 +24,11 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-from ._host import EXPECTED, refuse_in_legacy_trainer, require_supported_verl
+from ._host import EXPECTED, refuse_in_legacy_trainer, require_supported_verl, wrap_builtin_trainers
 from .length_advantage import compute_length_grpo_advantage
 from .length_config import LENGTH_GRPO, shaping_config
 from .length_trainer import LengthShapingMixin
 
-#: the built-in V1 trainers that get the mixin
-BUILTIN_TRAINERS = ("sync", "colocate_async", "separate_async")
 #: the verl methods the length shaping overrides, with their parameters in verl 0.9.1
 HOOKS = (
     (trainer_base.PPOTrainer, "_compute_advantage", ("self", "batch", "metrics")),
@@ -62,13 +60,7 @@ def register() -> None:
     """Register ``length_grpo`` and wrap the built-in V1 trainers (idempotent)."""
     if core_algos.ADV_ESTIMATOR_REGISTRY.get(LENGTH_GRPO) is not compute_length_grpo_advantage:
         core_algos.register_adv_est(LENGTH_GRPO)(compute_length_grpo_advantage)
-    registry = trainer_base.TRAINER_REGISTRY
-    for name in BUILTIN_TRAINERS:
-        base = registry[name]
-        if not issubclass(base, LengthShapingMixin):
-            registry[name] = type(
-                f"LengthShaping{base.__name__}", (LengthShapingMixin, base), {"__module__": __name__}
-            )
+    wrap_builtin_trainers(LengthShapingMixin, "LengthShaping", __name__)
 
 
 check_verl_hooks()

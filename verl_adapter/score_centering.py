@@ -18,27 +18,16 @@ See ``docs/verl.md`` ("Score centering in verl") for the keys and how the pieces
 
 from __future__ import annotations
 
-from verl.trainer.ppo.v1 import trainer_base
-
 from . import score_centering_loss  # noqa: F401 - registers the policy loss
-from ._host import refuse_in_legacy_trainer, require_supported_verl
+from ._host import refuse_in_legacy_trainer, require_supported_verl, wrap_builtin_trainers
 from .score_centering_config import score_centering_config
 from .score_centering_host import check_verl_internals
 from .score_centering_trainer import ScoreCenteringMixin
 
-#: the built-in V1 trainers that get the mixin
-BUILTIN_TRAINERS = ("sync", "colocate_async", "separate_async")
-
 
 def register() -> None:
     """Wrap the built-in V1 trainers (idempotent)."""
-    registry = trainer_base.TRAINER_REGISTRY
-    for name in BUILTIN_TRAINERS:
-        base = registry[name]
-        if not issubclass(base, ScoreCenteringMixin):
-            registry[name] = type(
-                f"ScoreCentering{base.__name__}", (ScoreCenteringMixin, base), {"__module__": __name__}
-            )
+    wrap_builtin_trainers(ScoreCenteringMixin, "ScoreCentering", __name__)
 
 
 require_supported_verl("verl_adapter.score_centering")
