@@ -60,12 +60,16 @@ STATS = {
 
 @dataclass(frozen=True)
 class Arm:
-    """One configuration: its ``LengthPluginGRPOConfig`` keys and, for profile bands, the band floor f."""
+    """One configuration: its ``LengthPluginGRPOConfig`` keys, for profile bands the band floor f, and for a
+    peer arm the reward functions added to the correctness reward (``bench/peer_arms.py``: builder name and
+    arguments) with the correctness reward's weight (0 where the peer's reward replaces it)."""
 
     family: str
     strength: str
     keys: dict = field(default_factory=dict)
     band_floor: float = 0.5
+    rewards: tuple[tuple[str, dict], ...] = ()
+    correctness_weight: float = 1.0
 
     @property
     def name(self) -> str:
@@ -74,6 +78,43 @@ class Arm:
 
 def penalty(**params) -> dict:
     return {"length_penalty": {"default": params}}
+
+
+#: the longest completion of a run (the peers' maximum length)
+MAX_LEN = demo.TRAINING["max_completion_length"]
+#: the length controls TRL and verl ship, and two without shipped code (bench/peer_arms.py), as arms
+PEER_ARMS = [
+    Arm("TRL soft overlong", "buffer L/4", rewards=(("soft_overlong_reward", dict(cache=MAX_LEN // 4)),)),
+    Arm("TRL soft overlong", "buffer L/2", rewards=(("soft_overlong_reward", dict(cache=MAX_LEN // 2)),)),
+    Arm("TRL cosine", "", rewards=(("cosine_reward", {}),), correctness_weight=0.0),
+    Arm(
+        "TRL truncation mask",
+        "budget 2L/3",
+        {"mask_truncated_completions": True, "max_completion_length": 2 * MAX_LEN // 3},
+    ),
+    Arm(
+        "verl DAPO overlong buffer", "L/4", rewards=(("dapo_overlong_reward", dict(buffer_len=MAX_LEN // 4)),)
+    ),
+    Arm("Kimi k1.5 length reward", "1.0", rewards=(("kimi_length_reward", dict(weight=1.0)),)),
+    Arm("per-token penalty", "0.005", rewards=(("per_token_penalty", dict(alpha=0.005)),)),
+    Arm("per-token penalty", "0.01", rewards=(("per_token_penalty", dict(alpha=0.01)),)),
+]
+#: the arguments each peer builder takes from the run's settings
+PEER_CONTEXT = {
+    "soft_overlong_reward": lambda: dict(max_completion_len=MAX_LEN),
+    "dapo_overlong_reward": lambda: dict(max_resp_len=MAX_LEN),
+    "cosine_reward": lambda: dict(max_len=MAX_LEN),
+    "kimi_length_reward": lambda: dict(num_generations=demo.TRAINING["num_generations"]),
+    "per_token_penalty": dict,
+}
+
+
+def peer_rewards(arm: Arm) -> tuple[list, list[float]]:
+    """The reward functions an arm adds to the correctness reward, and every reward's weight."""
+    from bench import peer_arms
+
+    functions = [getattr(peer_arms, name)(**PEER_CONTEXT[name](), **args) for name, args in arm.rewards]
+    return functions, [arm.correctness_weight] + [1.0] * len(functions)
 
 
 ARMS = [
@@ -144,6 +185,7 @@ ARMS = [
     ),
     Arm("GSPO", "", {"loss_type": "grpo", "importance_sampling_level": "sequence", **CLIP}),
     Arm("LUSPO", "", {"luspo": True}),
+    *PEER_ARMS,
 ]
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
 PLAIN = ARMS[0].name
@@ -233,6 +275,8 @@ def settings(arm: Arm, steps: int) -> dict:
         json.dumps(
             dict(
                 keys=arm.keys,
+                rewards=[[name, args] for name, args in arm.rewards],
+                correctness_weight=arm.correctness_weight,
                 band_floor=arm.band_floor if profiles else None,
                 profile_samples=PROFILE_SAMPLES if profiles else None,
                 steps=steps,
@@ -252,7 +296,10 @@ def train_run(arm_name: str, seed: int, steps: int, out: str) -> dict:
         profiles = json.loads(warm_path(Path(out), seed).read_text())["profiles"]
         dataset = with_profiles(dataset, profiles, arm.band_floor)
     with tempfile.TemporaryDirectory() as tmp:
-        result = demo.train_and_evaluate(arm.keys, seed, steps, tmp, train_dataset=dataset)
+        rewards, weights = peer_rewards(arm)
+        result = demo.train_and_evaluate(
+            arm.keys, seed, steps, tmp, train_dataset=dataset, extra_rewards=rewards, reward_weights=weights
+        )
     history = [row for row in result["history"] if demo.LENGTH_KEY in row]
     metrics = sorted({key for row in history for key in row if key.startswith("length_penalty/")})
     return dict(
@@ -335,6 +382,38 @@ def run_grid(
     return records
 
 
+#: bootstrap resamples of the seeds for each interval (docs/efficacy.md, "Statistics")
+BOOTSTRAP_RESAMPLES = 10_000
+
+
+def paired_interval(deltas: list[float], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple:
+    """The mean of per-seed paired differences and its 95% percentile bootstrap interval: ``resamples``
+    draws of the seeds with replacement, the 2.5th and 97.5th percentiles of their means."""
+    import numpy as np
+
+    values = np.asarray(deltas, dtype=np.float64)
+    draws = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
+    low, high = np.percentile(values[draws].mean(axis=1), [2.5, 97.5])
+    return float(values.mean()), float(low), float(high)
+
+
+def separates(interval: tuple[float, float, float]) -> bool:
+    """Whether a paired difference's interval excludes 0 (a claim may be made only then)."""
+    return interval[1] > 0 or interval[2] < 0
+
+
+def paired_difference(records: list[dict], a: str, b: str, figure: str) -> tuple[float, float, float]:
+    """Arm ``a`` minus arm ``b`` per seed that both ran, with its interval: ``figure`` ``length`` in percent
+    of ``b``'s held-out length, ``accuracy`` in points."""
+    by_run = {(r["arm"], r["seed"]): r["eval"] for r in records}
+    seeds = sorted(seed for name, seed in by_run if name == a and (b, seed) in by_run)
+    if figure == "length":
+        deltas = [100 * (by_run[a, s]["length"] / by_run[b, s]["length"] - 1) for s in seeds]
+    else:
+        deltas = [100 * (by_run[a, s]["accuracy"] - by_run[b, s]["accuracy"]) for s in seeds]
+    return paired_interval(deltas)
+
+
 def mean_spread(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for one value)."""
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
@@ -361,6 +440,9 @@ def summarize(records: list[dict], arms: list[Arm]) -> list[dict]:
         row["accuracy_change"] = mean_spread(
             [100 * (r["eval"]["accuracy"] - p["eval"]["accuracy"]) for r, p in pairs]
         )
+        row["seeds"] = len(pairs)
+        row["length_interval"] = paired_difference(records, arm.name, PLAIN, "length")
+        row["accuracy_interval"] = paired_difference(records, arm.name, PLAIN, "accuracy")
         row["shaping"] = {
             key: statistics.fmean(r["shaping"].get(key, 0.0) for r, _ in pairs) for key in STATS
         }
@@ -395,6 +477,22 @@ def markdown_tables(rows: list[dict], warm: list[dict]) -> str:
         )
     lines += [
         "",
+        "| arm | seeds | length vs plain (%), mean [95% CI] | accuracy vs plain (points), mean [95% CI] | "
+        "intervals |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows[1:] if rows and rows[0]["arm"].name == PLAIN else rows:
+        length, accuracy = r["length_interval"], r["accuracy_interval"]
+        verdict = ", ".join(
+            f"{what} {'separates from 0' if separates(interval) else 'within noise'}"
+            for what, interval in (("length", length), ("accuracy", accuracy))
+        )
+        lines.append(
+            f"| {r['arm'].name} | {r['seeds']} | {length[0]:+.1f} [{length[1]:+.1f}, {length[2]:+.1f}] | "
+            f"{accuracy[0]:+.1f} [{accuracy[1]:+.1f}, {accuracy[2]:+.1f}] | {verdict} |"
+        )
+    lines += [
+        "",
         "| arm | " + " | ".join(STATS.values()) + " |",
         "|---|" + "---|" * len(STATS),
     ]
@@ -425,8 +523,8 @@ def pareto_front(rows: list[dict]) -> list[dict]:
 
 
 def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
-    """Held-out length change (x) and accuracy change (y) vs plain GRPO, one point per arm with its spread
-    over seeds, the Pareto front and the target region."""
+    """Held-out length change (x) and accuracy change (y) vs plain GRPO, one point per arm with the 95%
+    bootstrap intervals of its paired differences, the Pareto front and the target region."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -440,7 +538,8 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     )
     families = list(dict.fromkeys(r["arm"].family for r in rows))
     for r in rows:
-        (x, dx), (y, dy) = r["length_change"], r["accuracy_change"]
+        (x, x_low, x_high), (y, y_low, y_high) = r["length_interval"], r["accuracy_interval"]
+        dx, dy = [[x - x_low], [x_high - x]], [[y - y_low], [y_high - y]]
         k = families.index(r["arm"].family)
         first = r is next(o for o in rows if o["arm"].family == r["arm"].family)
         color = plt.get_cmap("tab20")((2 * k) % 20 + (2 * k) // 20 % 2)  # ten dark hues, then light ones

@@ -20,10 +20,15 @@ def test_every_arm_builds_a_valid_config(arm, tmp_path):
     from trl_length_plugin.embedded import CPU_RUN_ARGS
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
 
+    _, weights = bench.peer_rewards(arm)
     config = LengthPluginGRPOConfig(
-        output_dir=str(tmp_path), max_steps=demo.STEPS, seed=0, **demo.TRAINING, **CPU_RUN_ARGS, **arm.keys
+        output_dir=str(tmp_path),
+        max_steps=demo.STEPS,
+        seed=0,
+        **{**demo.TRAINING, **CPU_RUN_ARGS, "reward_weights": weights, **arm.keys},
     )
-    assert config.shaping.enabled == (arm.name not in {bench.PLAIN, *LOSS_ARMS})
+    peers = {peer.name for peer in bench.PEER_ARMS}
+    assert config.shaping.enabled == (arm.name not in {bench.PLAIN, *LOSS_ARMS, *peers})
     if arm.name in LOSS_ARMS:
         assert config.importance_sampling_level == "sequence"
         assert (config.epsilon, config.epsilon_high) == (2e-3, 2.5e-3)
@@ -129,3 +134,46 @@ def test_demo_trains_the_best_trade_off_named_in_docs():
     assert bench.ARMS_BY_NAME[demo.BEST_NAME].keys == demo.BEST
     text = (REPO / "docs" / "efficacy.md").read_text()
     assert f"Best trade-off: **{demo.BEST_NAME}**" in text
+
+
+def test_peer_arms_add_their_reward_functions_with_the_runs_settings():
+    functions, weights = bench.peer_rewards(bench.ARMS_BY_NAME["TRL soft overlong buffer L/4"])
+    (overlong,) = functions
+    assert weights == [1.0, 1.0]
+    assert (overlong.max_completion_len, overlong.soft_punish_cache) == (bench.MAX_LEN, bench.MAX_LEN // 4)
+    functions, weights = bench.peer_rewards(bench.ARMS_BY_NAME["TRL cosine"])
+    assert weights == [0.0, 1.0] and functions[0].__name__ == "cosine_reward"
+    assert bench.peer_rewards(bench.ARMS_BY_NAME[bench.PLAIN]) == ([], [1.0])
+    mask = bench.ARMS_BY_NAME["TRL truncation mask budget 2L/3"]
+    assert mask.keys == {"mask_truncated_completions": True, "max_completion_length": 2 * bench.MAX_LEN // 3}
+
+
+def test_paired_interval_is_the_percentile_bootstrap_of_the_seed_mean():
+    assert bench.paired_interval([3.0, 3.0, 3.0]) == (3.0, 3.0, 3.0)
+    # two seeds: resampled means are 0, 5 or 10 with probabilities 1/4, 1/2, 1/4
+    mean, low, high = bench.paired_interval([0.0, 10.0])
+    assert (mean, low, high) == (5.0, 0.0, 10.0)
+    mean, low, high = bench.paired_interval([-4.0, -5.0, -6.0, -3.0, -7.0, -5.5, -4.5, -6.5, -5.0, -3.5])
+    assert mean == pytest.approx(-5.0) and -6.0 < low < mean < high < -4.0
+    assert bench.separates((mean, low, high)) and not bench.separates((0.5, -1.0, 2.0))
+
+
+def test_interval_table_says_whether_each_claim_separates():
+    figures = {
+        bench.PLAIN: [(20.0, 0.40), (22.0, 0.30), (21.0, 0.35)],
+        "group-relative 1.0": [(13.0, 0.39), (14.3, 0.31), (14.0, 0.35)],
+    }
+    records = [
+        fake_record(name, seed, 5, length, accuracy)
+        for name, runs in figures.items()
+        for seed, (length, accuracy) in enumerate(runs)
+    ]
+    rows = bench.summarize(records, [bench.ARMS_BY_NAME[name] for name in figures])
+    length = rows[1]["length_interval"]
+    assert length[0] == pytest.approx(100 * ((13 / 20 + 14.3 / 22 + 14 / 21) / 3 - 1))
+    tables = bench.markdown_tables(rows, [{"eval": {"length": 25.0, "accuracy": 0.4}}])
+    line = next(line for line in tables.splitlines() if line.startswith("| group-relative 1.0 | 3 |"))
+    assert line.endswith("| length separates from 0, accuracy within noise |")
+    assert bench.paired_difference(records, "group-relative 1.0", bench.PLAIN, "accuracy")[
+        0
+    ] == pytest.approx(0.0)

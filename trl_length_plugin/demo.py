@@ -154,10 +154,19 @@ def make_table_callback(total_steps: int):
 
 
 def train_and_evaluate(
-    keys: dict, seed: int, steps: int, output_dir: str | Path, train_dataset=None, callbacks=()
+    keys: dict,
+    seed: int,
+    steps: int,
+    output_dir: str | Path,
+    train_dataset=None,
+    callbacks=(),
+    extra_rewards=(),
+    reward_weights=None,
 ) -> dict:
-    """Train one arm (``keys``: its LengthPluginGRPOConfig keys) on the embedded task, then sample the
-    held-out problems. Returns the log history and the held-out ``eval`` length and accuracy."""
+    """Train one arm (``keys``: its LengthPluginGRPOConfig keys, over ``TRAINING``'s; ``extra_rewards``:
+    reward functions besides the correctness reward, ``reward_weights`` all their weights) on the embedded
+    task, then sample the held-out problems. Returns the log history and the held-out ``eval`` length and
+    accuracy."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -170,14 +179,18 @@ def train_and_evaluate(
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
     model_dir = embedded_model_dir(warm_start=True, seed=seed)
+    weights = {} if reward_weights is None else {"reward_weights": list(reward_weights)}
     config = LengthPluginGRPOConfig(
-        output_dir=str(output_dir), max_steps=steps, seed=seed, **TRAINING, **CPU_RUN_ARGS, **keys
+        output_dir=str(output_dir),
+        max_steps=steps,
+        seed=seed,
+        **{**TRAINING, **CPU_RUN_ARGS, **weights, **keys},
     )
     tokenizer = load_tokenizer(model_dir)
     trainer = LengthPluginGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         processing_class=tokenizer,
-        reward_funcs=[correctness_reward],
+        reward_funcs=[correctness_reward, *extra_rewards],
         args=config,
         train_dataset=training_dataset(seed) if train_dataset is None else train_dataset,
         callbacks=list(callbacks),
