@@ -99,6 +99,19 @@ def test_wheel_carries_the_docs_that_readme_code_and_help_cite(names):
     assert {f"trl_length_plugin/{doc}" for doc in linked | cited | reference | images} <= names
 
 
+def test_wheel_carries_the_files_the_shipped_docs_use(names):
+    """A path under ``docs/`` that a shipped page names (docs/profiles.md runs ``docs/examples/rollouts.jsonl``)
+    is in the wheel beside it."""
+    used = {
+        match
+        for page in (REPO / "docs").rglob("*.md")
+        for match in re.findall(r"docs/[\w/.-]+\.(?:md|jsonl|png)", page.read_text())
+        if (REPO / match).is_file()
+    }
+    assert "docs/examples/rollouts.jsonl" in used
+    assert {f"trl_length_plugin/{path}" for path in used} <= names
+
+
 def test_wheel_entry_points_and_version(wheel_path):
     entry_points = configparser.ConfigParser()
     entry_points.read_string(dist_info(wheel_path, "entry_points.txt"))
