@@ -569,6 +569,32 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     return path
 
 
+def write_summary(records: list[dict], warm: list[dict], seeds: list[int], path: Path) -> Path:
+    """Every run's record without its curve, and each seed's warm-start figures, as one JSON file."""
+    runs = [{key: value for key, value in r.items() if key != "curve"} for r in records]
+    runs.sort(key=lambda r: (r["arm"], r["seed"]))
+    warm_eval = [dict(seed=seed, eval=w["eval"]) for seed, w in zip(seeds, warm, strict=True)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(warm=warm_eval, runs=runs), indent=1) + "\n")
+    return path
+
+
+def regenerate(summary: Path, out: Path, png: Path) -> None:
+    """The tables and the Pareto PNG from a summary file alone, arms in the grid's order."""
+    stored = json.loads(summary.read_text())
+    records = stored["runs"]
+    names = {r["arm"] for r in records}
+    arms = [arm for arm in ARMS if arm.name in names]
+    rows = summarize(records, arms)
+    tables = markdown_tables(rows, stored["warm"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(tables + "\n")
+    print(tables)
+    seeds = sorted({r["seed"] for r in records if r["arm"] == PLAIN})
+    plot_pareto(rows, png, f"length control on the embedded task: seeds {seeds[0]}-{seeds[-1]}")
+    print(f"# from {summary}: {len(records)} runs; tables: {out / 'table.md'}; Pareto PNG: {png}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; figures are means over seeds")
@@ -584,7 +610,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", default="outputs/efficacy", help="run records, warm profiles, the table")
     parser.add_argument("--png", default="outputs/efficacy/efficacy_pareto.png", help="the Pareto PNG")
+    parser.add_argument(
+        "--summary",
+        default="",
+        help="also write every run's record (no curves) to this JSON file, the summary committed beside the doc",
+    )
+    parser.add_argument(
+        "--from-summary",
+        default="",
+        help="regenerate the tables and the PNG from such a JSON file alone: no warm models, no training",
+    )
     args = parser.parse_args(argv)
+    if args.from_summary:
+        return regenerate(Path(args.from_summary), Path(args.out), Path(args.png))
     quiet()
     started = time.perf_counter()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -607,6 +645,8 @@ def main(argv: list[str] | None = None) -> None:
             path.write_text(json.dumps(stored))
         warm.append(stored)
     records = run_grid(arms, seeds, args.steps, out, args.jobs)
+    if args.summary:
+        write_summary(records, warm, seeds, Path(args.summary))
     rows = summarize(records, arms)
     tables = markdown_tables(rows, warm)
     (out / "table.md").write_text(tables + "\n")

@@ -177,3 +177,21 @@ def test_interval_table_says_whether_each_claim_separates():
     assert bench.paired_difference(records, "group-relative 1.0", bench.PLAIN, "accuracy")[
         0
     ] == pytest.approx(0.0)
+
+
+def test_summary_file_regenerates_the_tables_without_training(tmp_path):
+    records = [
+        fake_record(name, seed, 5, length + seed, accuracy)
+        for name, length, accuracy in ((bench.PLAIN, 20.0, 0.4), ("group-relative 1.0", 14.0, 0.38))
+        for seed in range(3)
+    ]
+    warm = [{"eval": {"length": 25.0, "accuracy": 0.4}}] * 3
+    summary = bench.write_summary(records, warm, [0, 1, 2], tmp_path / "runs.json")
+    bench.main(
+        ["--from-summary", str(summary), "--out", str(tmp_path / "out"), "--png", str(tmp_path / "p.png")]
+    )
+    expected = bench.markdown_tables(
+        bench.summarize(records, bench.ARMS[:1] + [bench.ARMS_BY_NAME["group-relative 1.0"]]), warm
+    )
+    assert (tmp_path / "out" / "table.md").read_text() == expected + "\n"
+    assert (tmp_path / "p.png").stat().st_size > 10_000
