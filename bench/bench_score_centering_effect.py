@@ -86,8 +86,8 @@ def chat_prompts_of(tokenizer, data) -> list[list[int]]:
 
 
 def rollouts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, **sampling):
-    """One sampled completion per prompt: ``(sequences [B, L], prompt widths, completion mask [B, L])``,
-    left-padded prompts."""
+    """One sampled completion per prompt: ``(sequences [B, L], prompt width, attention mask [B, L])``, the
+    prompts left-padded to one width, the mask ending at each completion's eos."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
     attention = torch.zeros_like(ids)
@@ -112,10 +112,16 @@ def rollouts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, **
     return out, width, full_mask
 
 
+def forward_logits(model, sequences, mask) -> torch.Tensor:
+    """The logits of left-padded sequences, positions counted from each row's first token (as generate)."""
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=sequences, attention_mask=mask.long(), position_ids=positions).logits
+
+
 def position_logits(model, sequences, width: int, mask) -> torch.Tensor:
     """Float64 logits ``[N, V]`` at every generated position (the logits that predicted each completion token)."""
     with torch.no_grad():
-        logits = model(input_ids=sequences, attention_mask=mask.long()).logits
+        logits = forward_logits(model, sequences, mask)
     predicting = logits[:, width - 1 : -1].to(torch.float64)
     return predicting[mask[:, width:]]
 
@@ -137,7 +143,7 @@ def grpo_steps(model, tokenizer, steps: int, lr: float, seed: int):
         groups = rewards.view(-1, 8)
         advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
         model.train()
-        logits = model(input_ids=sequences, attention_mask=mask.long()).logits[:, width - 1 : -1]
+        logits = forward_logits(model, sequences, mask)[:, width - 1 : -1]
         logp = logits.log_softmax(-1).gather(-1, sequences[:, width:].unsqueeze(-1)).squeeze(-1)
         completion_mask = mask[:, width:].float()
         loss = -(advantages.unsqueeze(1) * logp * completion_mask).sum() / completion_mask.sum()
