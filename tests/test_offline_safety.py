@@ -203,6 +203,15 @@ def test_invalid_utf8_is_an_error_naming_file_and_line(tmp_path):
         f"trl-length profile: error: {rollouts}: line 3: not valid UTF-8 (byte 0xff at column {column}); fix "
         "the file, or skip such lines with --skip-invalid-utf8"
     )
+    # a JSON escape of half a surrogate pair is no UTF-8 text either (a whole pair, an emoji, is)
+    surrogate = {"prompt_id": 0, "completion": "ok", "reward": 1, "note": "\udc80"}
+    pair = {"prompt_id": 0, "reasoning_tokens": 1, "answer_tokens": 1, "reward": 1, "note": "\U0001f600"}
+    escaped = write_jsonl(tmp_path / "escaped.jsonl", [pair, surrogate])
+    done = command("profile", escaped, "-o", tmp_path / "o.jsonl")
+    assert done.returncode == 2 and one_error(done.stderr, "profile") == (
+        f"trl-length profile: error: {escaped}: line 2: not valid UTF-8 (a \\u escape of a lone surrogate); "
+        "fix the file, or skip such lines with --skip-invalid-utf8"
+    )
     csv_file = tmp_path / "rollouts.csv"
     csv_file.write_bytes(
         b"prompt_id,reasoning_tokens,answer_tokens,reward,note\n0,1,1,1,ok\n0,2,1,1,caf\xe9\n"
@@ -303,6 +312,7 @@ def test_rows_of_one_prompt_id_that_disagree_are_an_error(tmp_path, capsys):
              "embedded", "--model", "{tmp}/no-model"],
             "--model {tmp}/no-model: cannot load it (no such local path; a Hub name): ",
         ),
+        (["preview", "{rollouts}", *COEFF, "--png", "{tmp}/p.jpg"], "--png {tmp}/p.jpg: preview writes PNG"),
         (["profile", "{rollouts}", "-o", "{tmp}/o.jsonl", "--prompts", "embedded", "--dataset-size", "0"],
          "--dataset-size must be >= 1"),
     ],

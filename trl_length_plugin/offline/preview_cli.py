@@ -148,6 +148,8 @@ def preview(args) -> None:
     config, scale_rewards, agent_column = load_config(args)  # before torch is imported
     if args.step is not None and args.step < 0:
         raise CommandError(f"--step must be >= 0, got {args.step}")
+    if Path(args.png).suffix.lower() != ".png":
+        raise CommandError(f"--png {args.png}: preview writes PNG (*.png)")
     if args.output is not None and Path(args.output).suffix.lower() != ".jsonl":
         raise CommandError(f"--output {args.output}: preview writes JSONL (*.jsonl)")
     reads = [args.rollouts, args.prompts, args.tokenizer, args.config, args.length_penalty]

@@ -135,11 +135,25 @@ def utf8_lines(path: Path, skip_invalid: bool = False) -> Iterator[tuple[int, st
                 yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as err:
                 if not skip_invalid:
-                    raise CommandError(
-                        f"{path}: line {number}: {INVALID_UTF8} (byte {raw[err.start]:#04x} at column "
-                        f"{err.start + 1}); fix the file, or skip such lines with --skip-invalid-utf8"
-                    ) from None
+                    detail = f"byte {raw[err.start]:#04x} at column {err.start + 1}"
+                    raise invalid_utf8(path, number, detail) from None
                 yield number, None
+
+
+def invalid_utf8(path: Path, number: int, detail: str) -> CommandError:
+    return CommandError(
+        f"{path}: line {number}: {INVALID_UTF8} ({detail}); fix the file, or skip such lines with "
+        "--skip-invalid-utf8"
+    )
+
+
+def _lone_surrogate(row: dict) -> bool:
+    """Whether a JSON row holds a ``\\udXXX`` escape of half a surrogate pair (text no UTF-8 file holds)."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _jsonl_rows(path: Path, skip_invalid: bool) -> Iterator[tuple[int, dict | str]]:
@@ -153,6 +167,11 @@ def _jsonl_rows(path: Path, skip_invalid: bool) -> Iterator[tuple[int, dict | st
             row = json.loads(line)
         except json.JSONDecodeError:
             yield number, "not valid JSON"
+            continue
+        if "\\ud" in line.lower() and _lone_surrogate(row):
+            if not skip_invalid:
+                raise invalid_utf8(path, number, "a \\u escape of a lone surrogate")
+            yield number, INVALID_UTF8
             continue
         yield number, row if isinstance(row, dict) else "not a JSON object"
 
