@@ -84,9 +84,10 @@ def test_preview_outputs_are_not_its_inputs_nor_each_other(tmp_path, capsys):
     rollouts = write_preview_rollouts(tmp_path / "r.jsonl")
     before = rollouts.read_bytes()
     png = tmp_path / "p.png"
+    (tmp_path / "link.png").symlink_to(rollouts)
     for argv, message in [
         (["--output", rollouts, "--png", png], f"--output {rollouts} is the input {rollouts}"),
-        (["--png", rollouts], f"--png {rollouts} is the input {rollouts}"),
+        (["--png", tmp_path / "link.png"], f"--png {tmp_path / 'link.png'} is the input {rollouts}"),
         (["--png", png, "--output", png.with_suffix(".jsonl")], None),
     ]:
         status, _, err = preview(capsys, rollouts, *COEFF, *argv)
