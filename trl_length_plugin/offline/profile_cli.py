@@ -86,8 +86,8 @@ def make_parser() -> Parser:
         help="dotted path of a TRL-style correctness reward function "
         "(default for --prompts embedded: the embedded task's)",
     )
-    generate.add_argument("--max-new-tokens", type=int, default=48, help="at least 1")
-    generate.add_argument("--temperature", type=float, default=1.0, help="above 0")
+    generate.add_argument("--max-new-tokens", type=int, default=48, help="tokens per completion (>= 1)")
+    generate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     return parser
 
 
