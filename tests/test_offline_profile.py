@@ -131,7 +131,7 @@ def test_min_passing_and_no_bands(tmp_path, capsys):
     rollouts = write_rollouts(tmp_path, "jsonl")
     for flags, bands in ((["--min-passing", "5"], 0), (["--band", "none"], 0), (["--min-passing", "4"], 1)):
         out = tmp_path / "profiled.jsonl"
-        status, stdout, _ = profile(capsys, rollouts, "-o", out, *flags)
+        status, stdout, _ = profile(capsys, rollouts, "-o", out, "--overwrite", *flags)  # replaced
         rows = read_jsonl(out)
         assert status == 0 and sum(row["profile_band"] is not None for row in rows) == bands
         assert [row["profiled_output_lengths"] for row in rows] == [

@@ -267,6 +267,8 @@ def test_log_level_defaults_to_info_unless_written(tmp_path):
 @pytest.mark.parametrize("name", list(trl_recipes()))
 def test_every_recipe_parses_by_name(name, tmp_path):
     cpu = ["--bf16", "false", "--use_cpu", "true"]  # the GPU recipes ask for bf16, which this machine lacks
+    if name == "profiled_cpu":  # its dataset is trl-length profile's output (test_offline_safety.py)
+        cpu += ["--dataset_name", str(tmp_path)]
     parsed = cli.parse_args([f"--config=recipe:{name}", "--output_dir", str(tmp_path), *cpu])
     script_args, training_args = parsed[0], parsed[1]
     assert script_args.reward_funcs and training_args.output_dir == str(tmp_path)

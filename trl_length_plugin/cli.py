@@ -167,7 +167,14 @@ def read_command_line(argv: list[str]) -> CommandLine:
         if misspelt:
             raise ValueError(unknown_keys(misspelt, PLUGIN_KEYS, where))
     values = {key: command.value(key) for key in PLUGIN_KEYS if key in command.written}
-    load_shaping_config({key: value for key, value in values.items() if key in SHAPING_KEYS})
+    shaping = load_shaping_config({key: value for key, value in values.items() if key in SHAPING_KEYS})
+    if "dataset_name" in command.written:
+        from trl_length_plugin.offline.tables import missing_dataset
+
+        reads_profiles = shaping.penalties is not None and shaping.penalties.uses_metadata
+        problem = missing_dataset(str(command.value("dataset_name")), reads_profiles)
+        if problem:
+            raise ValueError(problem)
     try:
         for model in (ScoreCenteringConfig, PluginKeys):
             model.model_validate({key: value for key, value in values.items() if key in model.model_fields})

@@ -5,6 +5,8 @@ own ``shape_rollouts``.
 
 - ``rollouts``: the rollout file format, read one row at a time (JSONL, CSV, Parquet, ``datasets`` dirs).
 - ``tables``: prompt datasets and output files.
+- ``outputs``: every output's checks (never an input, replaced only with ``--overwrite``) and its write
+  through a temporary file renamed at the end.
 - ``profiles``: per-prompt profiles and bands from the rollouts' numbers.
 - ``generate``: rollouts sampled with transformers (the embedded model) or vLLM.
 - ``preview``: one shaping step on saved rollouts and its summary; ``plot``: the preview PNG.

@@ -21,6 +21,11 @@ class Parser(argparse.ArgumentParser):
         fail(self.prog, message)
 
 
+def first_line(err: BaseException) -> str:
+    """An exception's message as one line (the first)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
 def fail(prog: str, message: str):
     """Print ``<prog>: error: <message>`` on stderr and exit with status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from trl_length_plugin.offline.command import CommandError
-from trl_length_plugin.offline.tables import EMBEDDED, columns
+from trl_length_plugin.offline.outputs import replacing
+from trl_length_plugin.offline.tables import EMBEDDED, columns, load_pretrained
 
 EMBEDDED_REWARD = "trl_length_plugin.embedded.correctness_reward"
 BATCH_PROMPTS = 32
@@ -44,9 +45,7 @@ def load_model_tokenizer(model: str):
 
         path = embedded_model_dir(warm_start=True)
         return str(path), load_tokenizer(path)
-    from transformers import AutoTokenizer
-
-    return model, AutoTokenizer.from_pretrained(model)
+    return model, load_pretrained("--model", model, "AutoTokenizer")
 
 
 def prompt_ids(tokenizer, prompt: Any) -> list[int]:
@@ -122,7 +121,8 @@ def generate_rollouts(
     temperature: float,
     seed: int,
 ) -> int:
-    """Sample ``samples`` completions of every prompt, score them, write rollout JSONL; returns rows."""
+    """Sample ``samples`` completions of every prompt, score them, write rollout JSONL (through
+    ``outputs.replacing``: the file appears whole at the end); returns rows."""
     from tqdm.auto import tqdm
 
     if backend == "vllm":
@@ -130,11 +130,11 @@ def generate_rollouts(
     else:
         sample = transformers_sampler(model_path, tokenizer, max_new_tokens, temperature, seed)
     keys = columns(prompts, ("prompt_id",)).get("prompt_id", range(len(prompts)))
-    path.parent.mkdir(parents=True, exist_ok=True)
     rows = 0
     with (
-        path.open("w", encoding="utf-8") as sink,
-        tqdm(total=len(prompts), desc="generate", unit=" prompts", file=sys.stderr) as bar,
+        replacing(path) as temporary,
+        temporary.open("w", encoding="utf-8") as sink,
+        tqdm(total=len(prompts), desc="generate", unit=" prompts", file=sys.stderr, disable=None) as bar,
     ):
         for start in range(0, len(prompts), BATCH_PROMPTS):
             batch = prompts[start : start + BATCH_PROMPTS]

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from trl_length_plugin._optional import require
+from trl_length_plugin.offline.outputs import replacing
 
 
 def plot_preview(
@@ -19,7 +20,7 @@ def plot_preview(
     unit: str,
     path: Path,
 ) -> Path:
-    """Write the two panels to ``path`` (NaN rewards count as 0)."""
+    """Write the two panels to ``path`` (NaN rewards count as 0; through ``outputs.replacing``)."""
     require("matplotlib", "trl")
     import matplotlib
 
@@ -48,7 +49,7 @@ def plot_preview(
     for ax in (left, right):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with replacing(path) as temporary:
+        fig.savefig(temporary, dpi=100)
     plt.close(fig)
     return path

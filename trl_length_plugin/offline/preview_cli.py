@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, Parser, run
+from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs, replacing
 from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config
 
 PROG = "trl-length preview"
@@ -26,7 +27,7 @@ SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "grou
 
 
 def make_parser() -> Parser:
-    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""), epilog=OUTPUTS_HELP)
     parser.add_argument("rollouts", help="rollout file (.jsonl, .csv, .parquet or a datasets directory)")
     keys = parser.add_argument_group("the trainer's keys (flags override the recipe)")
     keys.add_argument("--config", help="a trl-length grpo recipe: a YAML file or recipe:NAME")
@@ -38,7 +39,7 @@ def make_parser() -> Parser:
     keys.add_argument("--scale_rewards", choices=("group", "batch", "none"))
     keys.add_argument("--agent_column")
     parser.add_argument(
-        "--step", type=int, help="optimizer step for the coefficient warm-up (default: after it)"
+        "--step", type=int, help="optimizer step (>= 0) for the coefficient warm-up (default: after it)"
     )
     parser.add_argument(
         "--prompts", help="prompt dataset with the metadata (e.g. trl-length profile's output)"
@@ -48,6 +49,17 @@ def make_parser() -> Parser:
     parser.add_argument("--tokenizer", help="tokenizer path (or 'embedded') to count completion tokens")
     parser.add_argument("--png", default="length_preview.png", help="the PNG to write (default %(default)s)")
     parser.add_argument("--output", help="write the rows with shaped_reward and advantage to this .jsonl")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --png or --output; without it they are refused (never an input's path). "
+        "Files are written to a temporary path and renamed at the end",
+    )
+    parser.add_argument(
+        "--skip-invalid-utf8",
+        action="store_true",
+        help="skip (and count) rollout lines that are not UTF-8 instead of stopping at the first",
+    )
     return parser
 
 
@@ -121,8 +133,7 @@ def write_output(source, rows, result, advantages, path: Path) -> None:
     wanted, k = next(lines, None), 0
     shaped, advantage = result.rewards.tolist(), advantages.tolist()
     keep = None if result.keep is None else result.keep.tolist()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as sink:
+    with replacing(path) as temporary, temporary.open("w", encoding="utf-8") as sink:
         for where, row in source.rows():
             if where != wanted:
                 continue
@@ -135,9 +146,16 @@ def write_output(source, rows, result, advantages, path: Path) -> None:
 
 def preview(args) -> None:
     config, scale_rewards, agent_column = load_config(args)  # before torch is imported
-    output = Path(args.output) if args.output else None
-    if output is not None and output.suffix.lower() != ".jsonl":
-        raise CommandError(f"--output {output}: preview writes JSONL (*.jsonl)")
+    if args.step is not None and args.step < 0:
+        raise CommandError(f"--step must be >= 0, got {args.step}")
+    if Path(args.png).suffix.lower() != ".png":
+        raise CommandError(f"--png {args.png}: preview writes PNG (*.png)")
+    if args.output is not None and Path(args.output).suffix.lower() != ".jsonl":
+        raise CommandError(f"--output {args.output}: preview writes JSONL (*.jsonl)")
+    reads = [args.rollouts, args.prompts, args.tokenizer, args.config, args.length_penalty]
+    outputs = Outputs(reads, args.overwrite)
+    png = outputs.claim(args.png, "--png")
+    output = outputs.claim(args.output, "--output") if args.output else None
     import torch
 
     from trl_length_plugin.offline import preview as core
@@ -151,7 +169,7 @@ def preview(args) -> None:
         prompts = load_prompts(args.prompts, args.dataset_size, args.seed)
         table = core.PromptTable(prompts, prompt_keys(prompts), agent_column)
     tokenizer = resolve_tokenizer(args.tokenizer)
-    reader = RolloutReader(args.rollouts, PROG)
+    reader = RolloutReader(args.rollouts, PROG, agent_column, args.skip_invalid_utf8)
     rows = core.read_rows(reader, config, tokenizer, table, agent_column)
     reader.check_some_valid(len(rows.rewards))
     step = config.length_penalty_coeff_warmup_steps if args.step is None else args.step
@@ -171,10 +189,11 @@ def preview(args) -> None:
     else:  # nothing measured the channels: the loss-mask token counts
         lengths, unit = torch.tensor(rows.loss.tolist()).nan_to_num(0.0), "completion tokens"
     in_shaped = core.shaped_rows(batch, facts)
-    print(f"wrote {plot_preview(lengths, result.raw, result.rewards, in_shaped, unit, Path(args.png))}")
+    plot_preview(lengths, result.raw, result.rewards, in_shaped, unit, png)
+    print(f"wrote {args.png}")
     if output is not None:
         write_output(reader.source, rows, result, advantages, output)
-        print(f"wrote {batch.layout.num_rows} rows with shaped_reward and advantage to {output}")
+        print(f"wrote {batch.layout.num_rows} rows with shaped_reward and advantage to {args.output}")
 
 
 def main(argv: list[str] | None = None) -> None:

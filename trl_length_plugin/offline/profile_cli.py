@@ -12,13 +12,15 @@ import math
 from pathlib import Path
 
 from trl_length_plugin.offline.command import CommandError, Parser, run
+from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs
 from trl_length_plugin.offline.profiles import DEFAULT_RULE, BandRule, ProfileBuilder, Profiles
-from trl_length_plugin.offline.rollouts import ROLLOUT_COLUMNS, RolloutReader, channel_lengths
+from trl_length_plugin.offline.rollouts import MAX_COUNT, ROLLOUT_COLUMNS, RolloutReader, channel_lengths
 from trl_length_plugin.offline.tables import (
     EMBEDDED,
     METADATA_COLUMNS,
     OUTPUT_FORMATS,
     check_output,
+    dataset_of,
     load_prompts,
     prompt_keys,
     resolve_tokenizer,
@@ -29,14 +31,28 @@ PROG = "trl-length profile"
 
 
 def make_parser() -> Parser:
-    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""))
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].replace("``", ""), epilog=OUTPUTS_HELP)
     parser.add_argument(
         "rollouts",
         help="rollout file (.jsonl, .csv, .parquet, datasets dir); with --generate, "
-        "the .jsonl file the generated rollouts are written to",
+        "the new .jsonl file the generated rollouts are written to (an existing one needs --overwrite)",
     )
     parser.add_argument(
-        "--output", "-o", required=True, help=f"the profiled prompt dataset: {OUTPUT_FORMATS}"
+        "--output",
+        "-o",
+        required=True,
+        help=f"the profiled prompt dataset: {OUTPUT_FORMATS}; never an input's path",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output (and, with --generate, rollout file); without it they are "
+        "refused. Files are written to a temporary path and renamed at the end",
+    )
+    parser.add_argument(
+        "--skip-invalid-utf8",
+        action="store_true",
+        help="skip (and count) rollout lines that are not UTF-8 instead of stopping at the first",
     )
     parser.add_argument(
         "--prompts",
@@ -70,9 +86,31 @@ def make_parser() -> Parser:
         help="dotted path of a TRL-style correctness reward function "
         "(default for --prompts embedded: the embedded task's)",
     )
-    generate.add_argument("--max-new-tokens", type=int, default=48)
-    generate.add_argument("--temperature", type=float, default=1.0)
+    generate.add_argument("--max-new-tokens", type=int, default=48, help="tokens per completion (>= 1)")
+    generate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
     return parser
+
+
+def check_flags(args) -> None:
+    """The numeric flags and --generate's own, before anything is read or loaded."""
+    if args.min_passing < 1:
+        raise CommandError("--min-passing must be >= 1")
+    if args.prompts == EMBEDDED and args.dataset_size < 1:
+        raise CommandError("--dataset-size must be >= 1")
+    if not args.generate:
+        return
+    if args.prompts is None:
+        raise CommandError("--generate needs --prompts (the prompts to sample)")
+    if Path(args.rollouts).suffix.lower() != ".jsonl":
+        raise CommandError(f"--generate writes JSONL: name the rollout file *.jsonl, not {args.rollouts}")
+    if args.samples < 1:
+        raise CommandError("--samples must be >= 1")
+    if not 1 <= args.max_new_tokens <= MAX_COUNT:
+        raise CommandError(f"--max-new-tokens must be between 1 and {MAX_COUNT}, got {args.max_new_tokens}")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise CommandError(f"--temperature must be a finite number > 0, got {args.temperature}")
+    if args.reward_func is None and args.prompts != EMBEDDED:
+        raise CommandError("--generate needs --reward-func (the correctness reward) for these prompts")
 
 
 def band_rules(values: list[str] | None) -> list[BandRule]:
@@ -88,8 +126,8 @@ def band_rules(values: list[str] | None) -> list[BandRule]:
     return rules
 
 
-def generate(args, prompts):
-    """Sample the rollouts into ``args.rollouts``; returns the model's tokenizer."""
+def generate(args, prompts, path: Path):
+    """Sample the rollouts into ``path`` (``args.rollouts`` resolved); returns the model's tokenizer."""
     from trl_length_plugin.offline.generate import (
         EMBEDDED_REWARD,
         generate_rollouts,
@@ -97,19 +135,11 @@ def generate(args, prompts):
         load_model_tokenizer,
     )
 
-    if prompts is None:
-        raise CommandError("--generate needs --prompts (the prompts to sample)")
-    if Path(args.rollouts).suffix.lower() != ".jsonl":
-        raise CommandError(f"--generate writes JSONL: name the rollout file *.jsonl, not {args.rollouts}")
-    if args.samples < 1:
-        raise CommandError("--samples must be >= 1")
-    if args.reward_func is None and args.prompts != EMBEDDED:
-        raise CommandError("--generate needs --reward-func (the correctness reward) for these prompts")
     reward = import_dotted(args.reward_func or EMBEDDED_REWARD)
     model_path, tokenizer = load_model_tokenizer(args.model)
     rows = generate_rollouts(
         prompts,
-        Path(args.rollouts),
+        path,
         backend=args.generate,
         model_path=model_path,
         tokenizer=tokenizer,
@@ -126,7 +156,7 @@ def generate(args, prompts):
 def read_profiles(args, tokenizer, allowed: set[str] | None):
     """Stream the rollouts into a ``ProfileBuilder``; without a prompt dataset, also keep each prompt's
     prompt-level columns (those of its first rollout)."""
-    reader = RolloutReader(args.rollouts, PROG)
+    reader = RolloutReader(args.rollouts, PROG, skip_invalid_utf8=args.skip_invalid_utf8)
     builder, carried = ProfileBuilder(), {}
     tags = load_shaping_config({"reasoning_tags": args.reasoning_tags}).tags  # validated as the trainer's
     for chunk in reader.chunks():
@@ -155,13 +185,11 @@ def read_profiles(args, tokenizer, allowed: set[str] | None):
 def output_dataset(profiles: Profiles, prompts, carried: dict):
     """The prompt dataset with the three columns (null where no rollout names a prompt), and how many of
     its rows have a profile and a band."""
-    import datasets
-
     if prompts is None:
         rows = list(range(len(profiles.keys)))
         names = dict.fromkeys(name for key in profiles.keys for name in carried[key])
         columns = {name: [carried[key].get(name) for key in profiles.keys] for name in names}
-        dataset = datasets.Dataset.from_dict({**columns, **profiles.columns(rows)})
+        dataset = dataset_of({**columns, **profiles.columns(rows)})
     else:
         index = {key: i for i, key in enumerate(profiles.keys)}
         rows = [index.get(id_key, index.get(text_key)) for id_key, text_key in prompt_keys(prompts)]
@@ -197,13 +225,16 @@ def profile(args) -> None:
     from trl_length_plugin.offline.tables import write_dataset
 
     rules = band_rules(args.band)
+    check_flags(args)
+    reads = [args.prompts, args.tokenizer, args.model if args.generate else None]
+    outputs = Outputs([*reads, None if args.generate else args.rollouts], args.overwrite)
+    rollouts = outputs.claim(args.rollouts, "the --generate rollout file") if args.generate else None
     output = check_output(args.output)
-    if args.min_passing < 1:
-        raise CommandError("--min-passing must be >= 1")
+    output = outputs.claim(output, "--output", directory=not output.suffix)
     prompts = load_prompts(args.prompts, args.dataset_size, args.seed) if args.prompts else None
     tokenizer = resolve_tokenizer(args.tokenizer)
-    if args.generate:
-        model_tokenizer = generate(args, prompts)
+    if rollouts is not None:
+        model_tokenizer = generate(args, prompts, rollouts)
         tokenizer = tokenizer or model_tokenizer
     elif not Path(args.rollouts).exists():
         raise CommandError(f"{args.rollouts}: no such file or directory")

@@ -11,7 +11,9 @@ directory.
   ``completion_tokens`` (the loss-mask token count, for the length coefficient) and any other column.
 
 Rows are read one at a time and handed on in chunks; a row that breaks these rules is reported with its
-line (text formats) or row number, skipped and counted by reason.
+line (text formats) or row number, skipped and counted by reason. Text files are UTF-8 (a BOM is accepted);
+a line that is not is an error naming the file and line, or, with ``skip_invalid_utf8``, skipped and
+counted with one warning. Rows of one prompt key that disagree on the prompt or the agent are an error.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trl_length_plugin.offline.command import CommandError
+from trl_length_plugin.offline.command import CommandError, first_line
 
 #: the columns that describe one rollout (everything else in a row is prompt-level or ignored)
 ROLLOUT_COLUMNS = frozenset(
@@ -35,6 +37,8 @@ ROLLOUT_COLUMNS = frozenset(
 _CSV_NUMBERS = ("reward", "reasoning_tokens", "answer_tokens", "completion_tokens")
 CHUNK_ROWS = 4096
 SHOWN = 20  # skipped rows reported one by one; the rest are only counted
+MAX_COUNT = 2**31 - 1  # the largest token count a row may give
+INVALID_UTF8 = "not valid UTF-8"
 
 
 def id_key(value: Any) -> str:
@@ -76,6 +80,8 @@ def _count(row: dict[str, Any], name: str) -> int | None:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0")
+    if value > MAX_COUNT:
+        raise ValueError(f"{name} must be at most {MAX_COUNT}")
     return value
 
 
@@ -120,17 +126,54 @@ def parse_rollout(where: int, row: dict[str, Any]) -> Rollout | str:
 
 
 # -- reading ----------------------------------------------------------------------------------------------
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict | str]]:
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+def utf8_lines(path: Path, skip_invalid: bool = False) -> Iterator[tuple[int, str | None]]:
+    """``(line number, text)`` of a UTF-8 file (a BOM on the first line is dropped); a line that is not
+    UTF-8 is a ``CommandError`` naming it, or with ``skip_invalid`` comes as ``(number, None)``."""
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                yield number, "not valid JSON"
-                continue
-            yield number, row if isinstance(row, dict) else "not a JSON object"
+                yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                if not skip_invalid:
+                    detail = f"byte {raw[err.start]:#04x} at column {err.start + 1}"
+                    raise invalid_utf8(path, number, detail) from None
+                yield number, None
+
+
+def invalid_utf8(path: Path, number: int, detail: str) -> CommandError:
+    return CommandError(
+        f"{path}: line {number}: {INVALID_UTF8} ({detail}); fix the file, or skip such lines with "
+        "--skip-invalid-utf8"
+    )
+
+
+def _lone_surrogate(row: dict) -> bool:
+    """Whether a JSON row holds a ``\\udXXX`` escape of half a surrogate pair (text no UTF-8 file holds)."""
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _jsonl_rows(path: Path, skip_invalid: bool) -> Iterator[tuple[int, dict | str]]:
+    for number, line in utf8_lines(path, skip_invalid):
+        if line is None:
+            yield number, INVALID_UTF8
+            continue
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            yield number, "not valid JSON"
+            continue
+        if "\\ud" in line.lower() and _lone_surrogate(row):
+            if not skip_invalid:
+                raise invalid_utf8(path, number, "a \\u escape of a lone surrogate")
+            yield number, INVALID_UTF8
+            continue
+        yield number, row if isinstance(row, dict) else "not a JSON object"
 
 
 def _csv_value(name: str | None, text: Any) -> Any:
@@ -147,24 +190,38 @@ def _csv_value(name: str | None, text: Any) -> Any:
     return text
 
 
-def _csv_rows(path: Path) -> Iterator[tuple[int, dict | str]]:
-    with path.open(newline="", encoding="utf-8", errors="replace") as lines:
-        reader = csv.DictReader(lines)
-        for row in reader:
-            if None in row:
-                yield reader.line_num, "more fields than the header"
-                continue
-            yield reader.line_num, {name: _csv_value(name, text) for name, text in row.items()}
+def _csv_rows(path: Path, skip_invalid: bool) -> Iterator[tuple[int, dict | str]]:
+    invalid: list[int] = []  # lines not UTF-8, read as empty lines (csv skips those)
+
+    def texts() -> Iterator[str]:
+        for number, line in utf8_lines(path, skip_invalid):
+            if line is None:
+                invalid.append(number)
+            yield "" if line is None else line
+
+    reader = csv.DictReader(texts())
+    for row in reader:
+        while invalid:
+            yield invalid.pop(0), INVALID_UTF8
+        if None in row:
+            yield reader.line_num, "more fields than the header"
+            continue
+        yield reader.line_num, {name: _csv_value(name, text) for name, text in row.items()}
+    yield from ((number, INVALID_UTF8) for number in invalid)
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, dict | str]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     number = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
-        for row in batch.to_pylist():
-            number += 1
-            yield number, row
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_ROWS):
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+    except (pa.ArrowException, OSError) as err:
+        raise CommandError(f"{path}: row {number + 1}: not readable as Parquet: {first_line(err)}") from None
 
 
 def _dataset_rows(dataset) -> Iterator[tuple[int, dict | str]]:
@@ -184,9 +241,10 @@ class RolloutSource:
     path: Path
     unit: str
     total: int | None
+    skip_invalid_utf8: bool = False
 
     @classmethod
-    def open(cls, path: str | Path) -> RolloutSource:
+    def open(cls, path: str | Path, skip_invalid_utf8: bool = False) -> RolloutSource:
         path = Path(path)
         if path.is_dir():
             from trl_length_plugin.offline.tables import load_saved
@@ -196,11 +254,15 @@ class RolloutSource:
             raise CommandError(f"{path}: no such file or directory")
         suffix = path.suffix.lower()
         if suffix in (".jsonl", ".json", ".csv"):
-            return cls(path, "line", None)
+            return cls(path, "line", None, skip_invalid_utf8)
         if suffix == ".parquet":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            return cls(path, "row", pq.ParquetFile(path).metadata.num_rows)
+            try:
+                return cls(path, "row", pq.ParquetFile(path).metadata.num_rows)
+            except pa.ArrowException as err:
+                raise CommandError(f"{path}: not a Parquet file: {first_line(err)}") from None
         raise CommandError(
             f"{path}: unknown rollout format; use .jsonl, .csv, .parquet or a datasets directory"
         )
@@ -213,16 +275,52 @@ class RolloutSource:
             return _dataset_rows(load_saved(self.path))
         suffix = self.path.suffix.lower()
         if suffix == ".csv":
-            return _csv_rows(self.path)
-        return _parquet_rows(self.path) if suffix == ".parquet" else _jsonl_rows(self.path)
+            return _csv_rows(self.path, self.skip_invalid_utf8)
+        if suffix == ".parquet":
+            return _parquet_rows(self.path)
+        return _jsonl_rows(self.path, self.skip_invalid_utf8)
+
+
+class PromptCheck:
+    """Rows under one prompt key must agree on the prompt and the agent where they give them (null or
+    empty is not given): the first value of each, with its position, per key."""
+
+    def __init__(self, source: RolloutSource, agent_column: str):
+        self.source = source
+        self.fields = ("prompt", agent_column)
+        self.seen: dict[tuple[str, str], tuple[int, Any]] = {}
+
+    def check(self, rollout: Rollout) -> None:
+        for name in self.fields:
+            value = rollout.row.get(name)
+            if value is None or value == "":  # not given (an empty CSV cell)
+                continue
+            where, first = self.seen.setdefault((rollout.key, name), (rollout.where, value))
+            if first != value:
+                kind, _, key = rollout.key.partition(":")
+                label = f"prompt_id {key}" if kind == "id" else f"prompt {_short(key)}"
+                unit = self.source.unit
+                raise CommandError(
+                    f"{self.source.path}: {unit} {rollout.where}: {label} has {name} {_short(value)}, but "
+                    f"{unit} {where} has {_short(first)}: the rows of one prompt must agree (give different "
+                    "prompts different prompt_ids)"
+                )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class RolloutReader:
     """Reads a rollout file in chunks of valid rollouts under a progress bar; skipped rows are reported
     (the first ``SHOWN`` of them with their position) and counted by reason in ``skipped``."""
 
-    def __init__(self, path: str | Path, prog: str):
-        self.source = RolloutSource.open(path)
+    def __init__(
+        self, path: str | Path, prog: str, agent_column: str = "agent", skip_invalid_utf8: bool = False
+    ):
+        self.source = RolloutSource.open(path, skip_invalid_utf8)
+        self.prompts = PromptCheck(self.source, agent_column)
         self.prog = prog
         self.rows_read = 0
         self.skipped: Counter[str] = Counter()
@@ -232,7 +330,13 @@ class RolloutReader:
         """Count a skipped row; report it while fewer than ``SHOWN`` have been."""
         shown = sum(self.skipped.values())
         self.skipped[reason] += 1
-        if shown < SHOWN:
+        if reason == INVALID_UTF8:
+            if self.skipped[reason] == 1:
+                self._write(
+                    f"{self.prog}: warning: {self.source.path}: {self.source.unit} {where}: {reason}; such "
+                    "lines are skipped (--skip-invalid-utf8) and counted, not shown"
+                )
+        elif shown < SHOWN:
             self._write(f"{self.prog}: {self.source.path}: {self.source.unit} {where}: {reason}; skipped")
         elif shown == SHOWN:
             self._write(f"{self.prog}: further skipped rows are counted, not shown")
@@ -248,7 +352,12 @@ class RolloutReader:
         from tqdm.auto import tqdm
 
         self._bar = tqdm(
-            total=self.source.total, desc="rollouts", unit=" rows", file=sys.stderr, mininterval=0.5
+            total=self.source.total,
+            desc="rollouts",
+            unit=" rows",
+            file=sys.stderr,
+            mininterval=0.5,
+            disable=None,  # shown on a terminal only: errors and warnings stay whole lines in logs
         )
         chunk: list[Rollout] = []
         try:
@@ -258,6 +367,7 @@ class RolloutReader:
                 if isinstance(parsed, str):
                     self.skip(where, parsed)
                 else:
+                    self.prompts.check(parsed)
                     chunk.append(parsed)
                 if len(chunk) == CHUNK_ROWS:
                     yield chunk

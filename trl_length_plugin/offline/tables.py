@@ -3,7 +3,8 @@
 A prompt dataset is ``embedded`` (the embedded task, as ``trl-length grpo --dataset_name embedded`` builds
 it), a JSONL, CSV or Parquet file, or a saved ``datasets`` directory. Its row ``i`` has the keys
 ``id:<prompt_id>`` (the ``prompt_id`` column, else ``i``) and ``text:<prompt>`` (the ``prompt`` column), so
-rollouts may name their prompt either way (``rollouts.id_key`` / ``rollouts.text_key``).
+rollouts may name their prompt either way (``rollouts.id_key`` / ``rollouts.text_key``). A prompt file
+that is not UTF-8 (a BOM is accepted) or that ``datasets`` cannot read is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trl_length_plugin.offline.command import CommandError
-from trl_length_plugin.offline.rollouts import id_key, text_key
+from trl_length_plugin.offline.command import CommandError, first_line
+from trl_length_plugin.offline.outputs import replacing
+from trl_length_plugin.offline.rollouts import id_key, text_key, utf8_lines
 
 EMBEDDED = "embedded"
 #: the per-prompt metadata columns (docs/reference/length-penalties.md §2.14)
@@ -52,9 +54,34 @@ def load_prompts(name: str, size: int = 256, seed: int = 0):
         raise CommandError(
             f"{name}: unknown prompt dataset format; use .jsonl, .csv, .parquet or a directory"
         )
+    if builder != "parquet":
+        for _ in utf8_lines(path):  # a line that is not UTF-8 is an error naming it
+            pass
     import datasets
 
-    return datasets.load_dataset(builder, data_files=str(path), split="train")
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    except (ValueError, datasets.exceptions.DatasetGenerationError) as err:
+        cause = err.__cause__ or err
+        raise CommandError(f"{name}: not a readable prompt dataset: {first_line(cause)}") from None
+
+
+def missing_dataset(name: str, reads_profiles: bool) -> str | None:
+    """For ``trl-length grpo``'s ``dataset_name``: why a local path that does not exist cannot load (a Hub
+    name is ``name`` or ``owner/name``; more slashes, a leading ``.``, ``/`` or ``~`` or a file suffix make
+    a local path), naming ``trl-length profile`` when the config reads profiles (docs/profiles.md)."""
+    path = Path(name).expanduser()
+    local = name.count("/") > 1 or name.startswith((".", "/", "~")) or path.suffix.lower() in _BUILDERS
+    if name == EMBEDDED or not local or path.exists():
+        return None
+    message = f"dataset_name: {name}: no such file or directory"
+    if reads_profiles:
+        message += (
+            "; this config reads per-prompt profiles (docs/profiles.md): make the dataset first with "
+            f"`trl-length profile ROLLOUTS --output {name}` (the recipe's comment has the whole command)"
+        )
+    return message
 
 
 def columns(dataset, names) -> dict[str, list[Any]]:
@@ -82,9 +109,18 @@ def resolve_tokenizer(name: str | None):
 
     if name == EMBEDDED:
         return load_tokenizer(embedded_model_dir(warm_start=False))  # the same tokenizer as the warm model
-    from transformers import AutoTokenizer
+    return load_pretrained("--tokenizer", name, "AutoTokenizer")
 
-    return AutoTokenizer.from_pretrained(name)
+
+def load_pretrained(flag: str, name: str, kind: str):
+    """``transformers.<kind>.from_pretrained(name)``; a path or Hub name that holds none is one line."""
+    import transformers
+
+    try:
+        return getattr(transformers, kind).from_pretrained(name)
+    except (OSError, ValueError) as err:  # missing files, no such repo (offline too), an invalid name
+        where = "a local path" if Path(name).exists() else "no such local path; a Hub name"
+        raise CommandError(f"{flag} {name}: cannot load it ({where}): {first_line(err)}") from None
 
 
 def check_output(path: str | Path) -> Path:
@@ -95,17 +131,37 @@ def check_output(path: str | Path) -> Path:
     return path
 
 
-def write_dataset(rows: dict[str, list[Any]] | Any, path: Path) -> None:
-    """Write a dataset (or columns) as JSONL, Parquet or a ``datasets`` directory, by ``path``."""
+def dataset_of(columns: dict[str, list[Any]]):
+    """A ``datasets.Dataset`` of these columns; a column whose values mix types (an integer in one row, a
+    string in another) is a one-line error naming it: JSONL, Parquet and Arrow hold one type per column."""
+    import datasets
+    import pyarrow as pa
+
+    try:
+        return datasets.Dataset.from_dict(columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        for name, values in columns.items():
+            try:
+                pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+                kinds = sorted({type(v).__name__ for v in values if v is not None})
+                raise CommandError(
+                    f"column {name!r} mixes types ({', '.join(kinds)}): a written dataset holds one type per "
+                    f"column ({first_line(err)})"
+                ) from None
+        raise
+
+
+def write_dataset(dataset, path: Path) -> None:
+    """Write a dataset as JSONL, Parquet or a ``datasets`` directory, by ``path`` (``outputs.replacing``)."""
     import datasets
 
     datasets.disable_progress_bars()
-    dataset = rows if isinstance(rows, datasets.Dataset) else datasets.Dataset.from_dict(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        dataset.to_json(str(path), lines=True, force_ascii=False)
-    elif suffix == ".parquet":
-        dataset.to_parquet(str(path))
-    else:
-        dataset.save_to_disk(str(path))
+    with replacing(path) as temporary:
+        if suffix == ".jsonl":
+            dataset.to_json(str(temporary), lines=True, force_ascii=False)
+        elif suffix == ".parquet":
+            dataset.to_parquet(str(temporary))
+        else:
+            dataset.save_to_disk(str(temporary))
