@@ -9,8 +9,14 @@ sampler, so shuffled orders differ)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+import types
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +29,7 @@ from tests.trl_length_helpers import (
     expected_shaping,
     tiny_config,
 )
+from tests.trl_streaming_worker import run_worker
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.shaping import LengthShapingConfig, load_shaping_config
 from trl_length_plugin.shaping import metadata as metadata_module
@@ -37,6 +44,7 @@ from trl_length_plugin.trl_integration.rollouts import (
     gathered_batch,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 MISSING_MODEL = "/nonexistent/model"  # loading it would fail with another message: proves nothing loaded
 #: per-prompt bands and profiles (one prompt, index 5, has a malformed band) over a global reasoning band
 BLOCK = {
@@ -231,3 +239,43 @@ def test_gathered_batch_reads_each_groups_first_row():
     )
     groups = batch.group_metadata()
     assert groups.bands[:, 0].tolist() == [[11.0, 30.0, 0.5], [15.0, 30.0, 0.5]]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_stream_as_one(random_model_dir, tmp_path):
+    """Two processes (torchrun, gloo) reading the stream in shards, a group split across them: each rank's
+    parsed metadata crosses in the gather and both routes give what one process gives."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    two, one = tmp_path / "two.json", tmp_path / "one.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29523",
+               str(REPO / "tests" / "trl_streaming_worker.py"), str(random_model_dir), str(two), str(tmp_path / "out2")]  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[done.stderr.find("Traceback") :][:4000]
+    run_worker(str(random_model_dir), str(one), str(tmp_path / "out1"))
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert (a["world"], b["world"]) == (1, 2)
+    for key in ("rewards", "wrapper_rewards"):
+        torch.testing.assert_close(torch.tensor(b[key]), torch.tensor(a[key]), rtol=0, atol=1e-6)
+        assert any(row[1] != 0 for row in a[key]), "the batch gave the shaping nothing to do"
+    assert b["log"] == a["log"] and b["wrapper_log"] == a["wrapper_log"]
+    assert a["log"][0]["length_penalty/invalid_metadata_frac"] == pytest.approx(1 / 3)  # prompt 5's group
+
+
+def test_command_line_streams_a_local_data_file(tmp_path):
+    """``--dataset_streaming true`` on a local JSON-lines file gives the trainer an ``IterableDataset``."""
+    from datasets import IterableDataset
+
+    from trl_length_plugin.trl_integration.script import load_datasets
+
+    path = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1), "profile_band": band(i)} for i in range(3)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    script_args = types.SimpleNamespace(
+        dataset_name=str(path), dataset_train_split="train", dataset_streaming=True
+    )
+    training_args = types.SimpleNamespace(eval_strategy="no")
+    dataset_args = types.SimpleNamespace(datasets=[])
+    train, evaluation = load_datasets(script_args, training_args, dataset_args, None)
+    assert isinstance(train, IterableDataset) and evaluation is None
+    assert list(train) == rows
