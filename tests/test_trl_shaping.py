@@ -454,8 +454,8 @@ def test_band_without_any_source_warns_at_setup(tmp_path, caplog):
 
 @pytest.mark.slow
 def test_metadata_is_parsed_once_per_prompt_across_steps(random_model_dir, tmp_path, monkeypatch, caplog):
-    """Four prompts over four steps: each prompt's metadata is parsed the first time it is seen (the dataset
-    carries a prompt id); prompt 3's malformed band is warned about once and counted on each step it
+    """Four prompts over four steps: each prompt's metadata is parsed the first time it is seen (keyed by the
+    entry itself); prompt 3's malformed band is warned about once and counted on each step it
     appears in (reference §2.12, §2.14)."""
     parsed = []
     original = metadata_module.parse_prompt_metadata
@@ -478,7 +478,8 @@ def test_metadata_is_parsed_once_per_prompt_across_steps(random_model_dir, tmp_p
     )
     with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
         trainer.train()
-    seen = [sorted({x["length_prompt_id"] for x in record.inputs}) for record in trainer.records]
+    index = {prompt[-1]["content"]: i for i, prompt in enumerate(dataset["prompt"])}
+    seen = [sorted({index[x["prompt"][-1]["content"]] for x in record.inputs}) for record in trainer.records]
     assert sum(parsed) == len({i for ids in seen for i in ids}) < sum(map(len, seen))
     invalid = [
         row["length_penalty/invalid_metadata_frac"]

@@ -19,9 +19,10 @@ Evaluation batches are never shaped (§2.15) nor grouped: the column is 0, or ``
 reward is ``None``. The wrapper tells them apart by the model of the trainer that calls it (the owner of
 the ``log_metric`` TRL passes), else by the model the callback attached.
 
-Limits of this route: it must stay synchronous (it runs collectives); it calls the correctness function
-a second time; per-prompt metadata is parsed on every step (the subclass parses it once per prompt); the
-coefficient and its advantage normalization (docs/reference/length-coefficient.md §3) need the subclass.
+Per-prompt metadata is parsed once per distinct entry across calls, as in the subclass (``RowMetadata``);
+streaming datasets work. Limits of this route: it must stay synchronous (it runs collectives); it calls
+the correctness function a second time; the coefficient and its advantage normalization
+(docs/reference/length-coefficient.md §3) need the subclass.
 
 From the stock command line, ``trl grpo`` takes a dotted path to a module-level instance, e.g.
 ``--reward_funcs my_rewards.correctness my_rewards.length_penalty`` where ``my_rewards.py`` defines
@@ -44,6 +45,7 @@ from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_con
 from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
+    RowMetadata,
     consecutive_groups,
     gathered_batch,
     nested_metadata_warning,
@@ -96,6 +98,7 @@ class LengthPenaltyReward:
         self.weight = 1.0
         self.model = None
         self._checked_nesting = False
+        self._metadata = RowMetadata()
 
     @property
     def config(self) -> LengthPenaltyConfig:
@@ -163,6 +166,7 @@ class LengthPenaltyReward:
             consecutive_groups(correctness.numel(), group_size),
             self.shaping,
             tokenizer=self.tokenizer,
+            metadata=self._metadata,
             device=state.device,
         )
         result = shape_rollouts(batch, self.shaping)

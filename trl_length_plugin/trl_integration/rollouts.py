@@ -1,6 +1,9 @@
 """What the subclass and the reward wrapper share: measure rollouts on each rank, gather them across
 processes into one ``RolloutBatch`` of whole groups, and per-prompt metadata parsed once per run.
 
+Metadata is read from the rows themselves, so any dataset works, a streaming ``IterableDataset`` included:
+nothing needs a row count or random access (docs/reference/length-penalties.md §2.14).
+
 TRL splits a prompt group across ranks whenever ``per_device_train_batch_size * steps_per_generation``
 is not a multiple of ``num_generations`` (docs/trl.md, "How it hooks into TRL"), so nothing group-level may
 run before the gather. The gathered batch is in sampler order, so its groups are consecutive blocks of
@@ -9,7 +12,9 @@ run before the gather. The gathered batch is in sampler order, so its groups are
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import pickle
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -20,15 +25,15 @@ from accelerate.utils import gather, gather_object
 
 from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_lengths
 from trl_length_plugin.shaping.config import BAND_CHANNELS
-from trl_length_plugin.shaping.metadata import MetadataCache, PromptMetadata
+from trl_length_plugin.shaping.metadata import METADATA_KEYS, MetadataCache, PromptMetadata
 
 logger = logging.getLogger("trl_length_plugin")
 
 #: per-prompt metadata columns read from the top level of each dataset row (reference §2.14)
 METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
 NESTED_METADATA_KEY = "extra_env_info"
-#: the column the subclass adds to a training dataset: each row's index, the key of its parsed metadata
-PROMPT_ID_COLUMN = "length_prompt_id"
+#: the widths of a parsed entry's bands, profile statistics and flags in the gathered tensor
+PARSED_WIDTHS = (len(BAND_CHANNELS) * 3, 3, len(METADATA_KEYS))
 
 
 def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
@@ -72,31 +77,44 @@ def consecutive_groups(rows: int, num_generations: int) -> GroupLayout:
     return GroupLayout(torch.arange(rows) // num_generations)
 
 
-class DatasetMetadata:
-    """Per-prompt metadata of a map-style dataset, parsed once per prompt (``MetadataCache``), looked up
-    by the ``PROMPT_ID_COLUMN`` the rows carry: no metadata crosses processes, only prompt ids."""
+def entry_key(entry: Any) -> Hashable:
+    """A row's metadata entry as a cache key: a 128-bit BLAKE2 digest of its pickle, so equal entries share
+    a key whatever row, prompt or position they come from; an unpicklable entry gets a key of its own."""
+    try:
+        return hashlib.blake2b(pickle.dumps(entry, protocol=5), digest_size=16).digest()
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return object()
 
-    def __init__(self, dataset: Any, columns: Sequence[str]):
-        self.view = dataset.select_columns(list(columns))
-        self.columns = list(columns)
+
+class RowMetadata:
+    """Per-prompt metadata read from the rows each rank holds, parsed once per distinct entry
+    (``MetadataCache`` by ``entry_key``, reference §2.14). Only the parsed table crosses processes, as float64
+    columns of the batch's one gather; no row index or row count is needed, so streaming datasets work."""
+
+    def __init__(self):
         self.cache = MetadataCache()
 
-    def _fetch(self, ids: list[Hashable]) -> list[dict[str, Any]]:
-        rows = self.view[[int(i) for i in ids]]
-        return [{key: rows[key][i] for key in self.columns} for i in range(len(ids))]
+    def local_columns(self, entries: Sequence[Any]) -> torch.Tensor:
+        """(rows, sum(PARSED_WIDTHS)) float64: each local row's parsed entry, flattened."""
+        keys = [entry_key(entry) for entry in entries]
+        by_key = dict(zip(keys, entries, strict=True))
+        table = self.cache.lookup(keys, lambda new: [by_key[key] for key in new])
+        return torch.cat([table.bands.flatten(1), table.profiled, table.invalid.double()], 1)
 
-    def lookup(self, prompt_ids: torch.Tensor) -> PromptMetadata:
-        return self.cache.lookup(prompt_ids.long().tolist(), self._fetch)
+    @staticmethod
+    def from_columns(values: torch.Tensor) -> PromptMetadata:
+        """The ``PromptMetadata`` of gathered ``local_columns`` rows."""
+        bands, profiled, invalid = values.split(PARSED_WIDTHS, 1)
+        return PromptMetadata(bands.reshape(-1, len(BAND_CHANNELS), 3), profiled.contiguous(), invalid.bool())
 
 
 @dataclass
 class LocalRollouts:
-    """One rank's rollouts: agents, metadata and prompt ids (None when the dataset has no such column)."""
+    """One rank's rollouts: agents and metadata entries (None when the dataset has no such column)."""
 
     completions: Sequence[Any]
     agents: list[Any] | None = None
     metadata: list[dict[str, Any]] | None = None
-    prompt_ids: list[int] | None = None
 
     @classmethod
     def from_columns(
@@ -108,14 +126,13 @@ class LocalRollouts:
         metadata = None
         if present:
             metadata = [{key: columns[key][i] for key in present} for i in range(len(completions))]
-        ids = list(columns[PROMPT_ID_COLUMN]) if PROMPT_ID_COLUMN in columns else None
-        return cls(completions, agents, metadata, ids)
+        return cls(completions, agents, metadata)
 
     @classmethod
     def from_inputs(cls, completions: Sequence[Any], inputs: Sequence[Mapping[str, Any]], agent_column: str):
         """From TRL's per-example input dicts."""
         first = inputs[0] if inputs else {}
-        keys = (agent_column, *METADATA_COLUMNS, PROMPT_ID_COLUMN)
+        keys = (agent_column, *METADATA_COLUMNS)
         columns = {key: [x.get(key) for x in inputs] for key in keys if key in first}
         return cls.from_columns(completions, columns, agent_column)
 
@@ -129,11 +146,12 @@ def gathered_batch(
     tokenizer: Any,
     loss_lengths: torch.Tensor | None = None,
     base_rewards: torch.Tensor | None = None,
-    metadata: DatasetMetadata | None = None,
+    metadata: RowMetadata | None = None,
     device: torch.device | None = None,
 ) -> RolloutBatch:
     """The ``RolloutBatch`` of the whole gathered batch, with what ``config`` needs: channel lengths
-    (penalties, reference §2.5), loss-mask lengths (coefficient, §3.2), agents and metadata.
+    (penalties, reference §2.5), loss-mask lengths (coefficient, §3.2), agents and, when some agent reads
+    it, metadata (parsed through ``metadata``, the caller's cache kept across steps, else a fresh one).
 
     Every rank must call this with the same columns present, which holds because all ranks read the
     same dataset; ranks hold equally many rows in TRL, so rank r's rows are ``[r*n, (r+1)*n)``.
@@ -146,21 +164,18 @@ def gathered_batch(
         columns += [lengths.reasoning, lengths.answer]
     if loss_lengths is not None:
         columns.append(loss_lengths)
-    cached = block is not None and metadata is not None and local.prompt_ids is not None
-    if cached:
-        columns.append(torch.tensor(local.prompt_ids, dtype=torch.float64))
-    values = (
-        torch.stack([c.double() for c in columns], 1) if columns else torch.zeros(len(local.completions), 0)
-    )
+    reads_metadata = block is not None and block.uses_metadata and local.metadata is not None
+    if reads_metadata:
+        columns.append((metadata or RowMetadata()).local_columns(local.metadata))
+    n = len(local.completions)
+    values = torch.cat([c.double().reshape(n, -1) for c in columns], 1) if columns else torch.zeros(n, 0)
     values = gather(values.to(device=device)).cpu()
     rows = {}
     if block is not None:
         rows = dict(reasoning_lengths=values[:, 0], answer_lengths=values[:, 1])
         rows["agents"] = gather_object(local.agents) if local.agents is not None else None
-        if cached:  # one lookup per group: metadata is per prompt
-            rows["metadata"] = metadata.lookup(values[layout.first_row, -1])
-        elif local.metadata is not None:
-            rows["metadata"] = gather_object(local.metadata)
+        if reads_metadata:  # each group reads its first row: metadata is per prompt
+            rows["metadata"] = RowMetadata.from_columns(values[layout.first_row, -sum(PARSED_WIDTHS) :])
     if loss_lengths is not None:
         rows["loss_lengths"] = values[:, 2 if block is not None else 0]
     return RolloutBatch(correctness.detach().double().cpu(), layout, base_rewards=base_rewards, **rows)

@@ -143,7 +143,7 @@ def load_datasets(script_args, training_args, dataset_args, dataset_map):
         splits = {script_args.dataset_train_split: datasets.load_from_disk(name)}
     elif os.path.isfile(name):
         builder = {"jsonl": "json"}.get(name.rsplit(".", 1)[-1], name.rsplit(".", 1)[-1])
-        splits = datasets.load_dataset(builder, data_files=name)
+        splits = datasets.load_dataset(builder, data_files=name, streaming=script_args.dataset_streaming)
     else:
         splits = datasets.load_dataset(
             name, name=script_args.dataset_config, streaming=script_args.dataset_streaming

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sized
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,10 +38,8 @@ from trl_length_plugin.trl_integration.callback import LengthPluginCallback
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig
 from trl_length_plugin.trl_integration.model_card import add_length_control
 from trl_length_plugin.trl_integration.rollouts import (
-    METADATA_COLUMNS,
-    PROMPT_ID_COLUMN,
-    DatasetMetadata,
     LocalRollouts,
+    RowMetadata,
     band_source_warning,
     consecutive_groups,
     gathered_batch,
@@ -149,9 +148,10 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
         self._shaping = args.shaping
         self._coeff_override: float | None = None
         self._length_step: _ShapingStep | None = None
-        self._metadata: DatasetMetadata | None = None
+        self._metadata = RowMetadata()
+        self._unchecked_example = False
         if self._shaping.enabled:  # every check that needs no model runs before the model loads
-            train_dataset = self._check_setup(args, funcs, train_dataset, kwargs.get("environment_factory"))
+            self._check_setup(args, funcs, train_dataset, kwargs.get("environment_factory"))
         self._score_plan = args.score_centering_plan
         if self._score_plan is not None:
             self._check_score_centering_inputs(kwargs)
@@ -195,8 +195,8 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             yield
 
     def _check_setup(self, args: LengthPluginGRPOConfig, funcs: list, train_dataset, environment_factory):
-        """Checks that need no model; returns the training dataset with the prompt-id column when the
-        penalties read per-prompt metadata (parsed once per prompt, reference §2.14)."""
+        """Checks that need no model. The dataset's first example is checked here, or for a streaming
+        dataset (no length, no indexing) when it arrives in the first training batch (reference §2.14)."""
         names = [reward_name(f) for f in funcs]
         if LENGTH_PENALTY_COLUMN in names:
             raise ValueError(
@@ -211,24 +211,20 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
                 f"drop_zero_std_groups with loss_type={args.loss_type!r} cannot be combined with the entropy "
                 "bonus (entropy_coef / use_adaptive_entropy); use loss_type 'dapo' or 'bnpo'"
             )
-        if (
-            self._shaping.penalties_on
-            and train_dataset is not None
-            and hasattr(train_dataset, "column_names")
+        if self._shaping.penalties_on and train_dataset is not None:
+            if isinstance(train_dataset, Sized):
+                self._check_example(train_dataset[0] if len(train_dataset) else None)
+            else:
+                self._unchecked_example = True
+
+    def _check_example(self, example) -> None:
+        """The setup warnings of §2.12-2.14 from a dataset example: nested metadata, no band source."""
+        for warning in (
+            nested_metadata_warning(example),
+            band_source_warning(self._shaping, list(example or ())),
         ):
-            columns = list(train_dataset.column_names)
-            for warning in (
-                nested_metadata_warning(train_dataset[0] if len(train_dataset) else None),
-                band_source_warning(self._shaping, columns),
-            ):
-                if warning:
-                    logger.warning(warning)
-            present = [key for key in METADATA_COLUMNS if key in columns]
-            cacheable = hasattr(train_dataset, "add_column") and PROMPT_ID_COLUMN not in columns
-            if present and cacheable and self._shaping.penalties.uses_metadata:
-                self._metadata = DatasetMetadata(train_dataset, present)
-                train_dataset = train_dataset.add_column(PROMPT_ID_COLUMN, list(range(len(train_dataset))))
-        return train_dataset
+            if warning:
+                logger.warning(warning)
 
     def _finish_setup(self, args: LengthPluginGRPOConfig) -> None:
         if self._correctness_column is None:  # the environment's reward columns now exist
@@ -299,6 +295,9 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
     ) -> ShapingResult:
         """Shape the gathered batch (float64, CPU); metrics into TRL's ``_metrics``, logs on the main process."""
         shaping, main = self._shaping, self.accelerator.is_main_process
+        if self._unchecked_example:  # a streaming dataset's first example
+            self._unchecked_example = False
+            self._check_example(inputs[0] if inputs else None)
         correctness = rewards_per_func[:, self._correctness_column]
         weights = self.reward_weights.to(rewards_per_func.device)
         others = torch.ones(rewards_per_func.shape[1], dtype=torch.bool)
