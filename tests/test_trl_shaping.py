@@ -108,7 +108,9 @@ def test_each_algorithm_matches_the_engine(case, tiny_model_dir, tokenizer, tmp_
         length_penalty=block,
         per_device_train_batch_size=16,
         max_completion_length=48,
-        temperature=0.5,
+        # zMAD needs positives of different lengths in one group: at 0.5 the warm model's correct answers
+        # of a group are often identical on some CPUs' kernels, which leaves it nothing to flag
+        temperature=1.0 if case == "zmad" else 0.5,
         **(dict(eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=8) if evaluate else {}),
     )
     trainer = RecordingTrainer(
