@@ -17,7 +17,8 @@ Use it next to the correctness reward::
 
 Evaluation batches are never shaped (§2.15) nor grouped: the column is 0, or ``None`` where the correctness
 reward is ``None``. The wrapper tells them apart by the model of the trainer that calls it (the owner of
-the ``log_metric`` TRL passes), else by the model the callback attached.
+the ``log_metric`` TRL passes), else by the model the callback attached. It logs its settings line when
+built and gives the calling trainer its model-card section (``model_card.LengthCardCallback``).
 
 Limits of this route: it must stay synchronous (it runs collectives); it calls the correctness function
 a second time; per-prompt metadata is parsed on every step (the subclass parses it once per prompt); the
