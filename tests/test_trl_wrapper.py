@@ -193,7 +193,7 @@ def test_wrapper_reads_the_trainers_group_size_and_refuses_a_mismatch(setup, tmp
 @pytest.mark.slow
 def test_wrapper_prints_its_settings_and_writes_its_card_section(setup, tmp_path, caplog):
     """On TRL's stock trainer with ``save_strategy: "no"`` (TRL writes no card): the wrapper logs its
-    settings line with the values at INFO by default, and the card written when training ends carries the
+    settings line with the values at INFO, and the card written when training ends carries the
     plugin's tag, the wrapper's block and the citations (docs/trl.md, "Model card")."""
     tokenizer, common = setup
     common = {k: v for k, v in common.items() if k != "eval_dataset"}

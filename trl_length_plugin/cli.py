@@ -10,6 +10,8 @@ Like ``trl grpo`` (same parser, same keys), but unknown keys are errors instead 
 - ``reward_funcs``: dotted paths (``pkg.module.func``) or names from ``trl.rewards``.
 - ``dataset_name``: ``embedded`` (the embedded arithmetic task), a local file or saved dataset, or a Hub name.
 - ``model_name_or_path``: ``embedded`` (warm-started tiny model), ``embedded-random``, a local path or a Hub name.
+- ``--help``: the plugin's keys by feature (``cli_help``, printed before TRL is imported), then TRL's;
+  ``--plugin-help``: only the plugin's, without importing TRL.
 
 The plugin's own keys are validated with the core config before TRL and torch are imported (that takes
 seconds), then everything by TRL's parser and the trainer's own setup checks (docs/reference/product.md §1.3). Each such error ends the command with one line ``trl-length-grpo: error: ...`` and exit status 2;
