@@ -17,6 +17,7 @@ from trl_length_plugin.shaping import (
     apply_length_coefficient,
     group_advantages,
     length_penalty_lines,
+    length_penalty_summary,
     log_length_coefficient,
     nonzero_std_keep_mask,
 )
@@ -181,3 +182,16 @@ def test_empty_batch():
     assert apply_length_coefficient([], [], [], coeff=1.0).rewards.numel() == 0
     assert group_advantages([], [], []).numel() == 0
     assert nonzero_std_keep_mask([], [], []).dtype == torch.bool
+
+
+def test_step_summary_line(caplog):
+    """Without per-rollout lines, one summary of the step (§3.4): multipliers [1, 0.5, 1, 1], reductions
+    [0, 0.5, 0, 0], lengths [10, 20, 7, 5] in 2 groups."""
+    result = apply_length_coefficient([1.0, 1.0, 0.0, 1.0], [10, 20, 7, 5], [4, 4, 4, 9], coeff=1.0)
+    with caplog.at_level(logging.INFO, logger="trl_length_plugin"):
+        log_length_coefficient(result, step=3, rollouts=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Length penalty: step=3 coeff=1 rollouts=4 groups=2 penalized=1 generated_tokens_mean=10.5 "
+        "multiplier_mean=0.875000 multiplier_min=0.500000 reward_reduction_mean=0.125000"
+    ]
+    assert length_penalty_summary(result) == caplog.records[0].getMessage().replace("step=3", "step=-")

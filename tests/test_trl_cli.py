@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_length_plugin import __version__, cli
+from trl_length_plugin import __version__, cli, cli_help
 from trl_length_plugin.recipes import RECIPES_DIR, trl_recipes
 
 BIN = Path(sys.executable).parent
@@ -227,15 +228,49 @@ def test_version(command):
     assert done.returncode == 0 and done.stdout.strip().endswith(f" {__version__}")
 
 
-def test_help_says_a_length_penalty_flag_replaces_the_block(capsys):
+def test_help_lists_the_plugins_keys_first_then_trls(capsys):
+    """``--help``: usage, the docs path on one line, the plugin's keys by feature, then TRL's parser with the
+    plugin's keys left out (each key is listed once)."""
     cli.main(["--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("usage: trl-length-grpo") and f"docs: {cli.DOCS}" in lines
+    assert (cli.DOCS / "reference" / "product.md").is_file()
+    help_text = " ".join(out.split())
     assert "--length_penalty flag replaces the recipe's whole length_penalty block" in help_text
-    assert "recipe:NAME" in help_text and "--length_penalty_coeff" in help_text
-    assert (
-        f"ship with the package: {cli.DOCS}" in help_text
-        and (cli.DOCS / "reference" / "product.md").is_file()
+    titles = [title for title, _ in cli_help.GROUPS]
+    at = [out.index(f"\n{title}:\n") for title in titles]
+    assert at == sorted(at) and at[-1] < out.index(cli.TRL_KEYS.split()[0] + " keys (GRPOConfig")
+    assert out.index("  --length_penalty_coeff  (float, default 0.0)") < out.index("--learning_rate")
+    for key in cli_help.grouped_keys():
+        assert len(re.findall(rf"^  --{key}\b", out, re.M)) == 1, key
+
+
+def test_plugin_help_needs_no_trl():
+    """``--plugin-help`` prints the plugin's part with TRL, torch and transformers unimportable."""
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED, "grpo", "--plugin-help"], capture_output=True, text=True, timeout=60
     )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Group length penalties (docs/reference/length-penalties.md §2):" in done.stdout
+    assert (
+        "  --score_centering_top_k  (int, default 0)" in done.stdout and "--learning_rate" not in done.stdout
+    )
+
+
+def test_help_texts_are_the_configs_own():
+    """The help read from the source (no TRL) is the help of the dataclass fields, key by key, and every
+    plugin key is in a group."""
+    from trl_length_plugin.trl_integration.config import LengthPluginGRPOConfig
+    from trl_length_plugin.trl_integration.script import LengthGRPOScriptArguments
+
+    declared = cli_help.declared_keys()
+    for arguments in (LengthPluginGRPOConfig, LengthGRPOScriptArguments):
+        for spec in dataclasses.fields(arguments):
+            if spec.name in declared:
+                assert declared[spec.name].help == spec.metadata["help"], spec.name
+    assert set(cli.PLUGIN_KEYS) <= set(cli_help.grouped_keys()) <= set(declared)
+    assert declared["length_penalty_coeff"].default == "0.0" and declared["dataset_size"].default == "256"
 
 
 def test_length_penalty_flag_replacing_the_block_is_logged(tmp_path, caplog):
@@ -258,10 +293,17 @@ def test_luspo_keeps_what_the_user_wrote(where, tmp_path):
     assert (args.loss_type, args.epsilon, args.epsilon_high) == ("luspo", 0.2, 2.5e-3)
 
 
-def test_log_level_defaults_to_info_unless_written(tmp_path):
+def test_plugin_logs_at_info_and_the_hosts_at_warning_unless_log_level_is_written(tmp_path, monkeypatch):
+    """Without ``log_level`` TRL's stays ``passive`` (transformers at WARNING), the plugin logs at INFO and
+    the vLLM, DeepSpeed and datasets loggers are set to WARNING; a written ``log_level`` is TRL's as is."""
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     recipe = str(write_recipe(tmp_path))
-    assert cli.parse_args(["--config", recipe])[1].log_level == "info"
+    plugin = logging.getLogger("trl_length_plugin")
+    assert cli.parse_args(["--config", recipe])[1].log_level == "passive"
+    assert plugin.level == logging.INFO and os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    assert all(logging.getLogger(name).level == logging.WARNING for name in ("vllm", "DeepSpeed", "datasets"))
     assert cli.parse_args(["--config", recipe, "--log_level", "warning"])[1].log_level == "warning"
+    assert plugin.level == logging.WARNING
 
 
 @pytest.mark.parametrize("name", list(trl_recipes()))
@@ -284,8 +326,10 @@ def test_recipes_subcommand_lists_every_recipe():
 
 @pytest.mark.slow
 def test_cpu_recipe_trains_through_the_console_command_and_logs(tmp_path):
-    """One short step of ``recipe:coefficient_cpu``: the plugin's settings line and the per-rollout
-    ``Length penalty:`` lines appear on stderr with no logging set up."""
+    """One short step of ``recipe:coefficient_cpu`` (``save_strategy: "no"``): the plugin's settings lines
+    with their values and the step's ``Length penalty:`` summary appear on stderr, each on a line of its own
+    beside the progress bar, with no logging set up; transformers' INFO lines and the accelerator notices
+    do not; the model card is in the output folder with the tag, the settings and the citations."""
     out = tmp_path / "run"
     small = ["--max_steps", "1", "--dataset_size", "8", "--per_device_train_batch_size", "4"]
     flags = [
@@ -310,10 +354,27 @@ def test_cpu_recipe_trains_through_the_console_command_and_logs(tmp_path):
     assert done.returncode == 0, done.stderr[-4000:]
     assert (out / "model.safetensors").exists() and (out / "length_curves.png").exists()
     assert "length_penalty/coeff" in done.stdout and "length_penalty/adjusted_frac" in done.stdout
-    settings = "[INFO|trl_length_plugin] trl-length-plugin: length shaping: group penalties (total_bonus); "
-    assert settings + "length coefficient 1" in done.stderr
-    penalty_lines = [line for line in done.stderr.splitlines() if "] Length penalty: session_id=" in line]
-    assert len(penalty_lines) == 4  # one per rollout: 1 prompt x 4 generations
+    lines = done.stderr.splitlines()
+    plugin = "[INFO|trl_length_plugin] trl-length-plugin: "
+    assert plugin + "group length penalties: length_penalty.default.total_bonus=0.1" in lines
+    assert (
+        plugin
+        + (
+            "length coefficient: length_penalty_coeff=1.0, length_penalty_min_tokens=4, "
+            "length_penalty_coeff_warmup_steps=0"
+        )
+        in lines
+    )
+    assert plugin + "zero-std filter: drop_zero_std_groups=true" in lines
+    segments = re.split(r"[\r\n]", done.stderr)  # a progress bar redraws after "\r"
+    (summary,) = [segment for segment in segments if "Length penalty:" in segment]
+    assert summary.startswith("[INFO|trl_length_plugin] Length penalty: step=0 coeff=1 rollouts=4 groups=1 ")
+    for quiet in ("***** Running training *****", "Triton is installed", "Setting accelerator to CPU"):
+        assert quiet not in done.stderr + done.stdout, quiet
+    card = (out / "README.md").read_text()
+    assert "- trl-length-plugin" in card.split("---")[1]  # the front matter's tags
+    assert '"length_penalty_coeff": 1.0' in card and '"total_bonus": 0.1' in card
+    assert "Cite trl-length-plugin as:" in card and "Cite group length penalties as:" in card
 
 
 @pytest.mark.slow

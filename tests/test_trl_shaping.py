@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -222,7 +223,9 @@ def test_coefficient_normalization_and_filter(loss_type, random_model_dir, tmp_p
 
 @pytest.mark.slow
 def test_coefficient_log_lines(random_model_dir, tmp_path, caplog):
-    """One ``Length penalty:`` INFO line per rollout from the main process (docs/reference/length-coefficient.md §3.4)."""
+    """One ``Length penalty:`` INFO summary line per step from the main process, with the step's numbers
+    (docs/reference/length-coefficient.md §3.4; the per-rollout lines are behind
+    ``length_penalty_log_rollouts``, tests/test_trl_model_card.py)."""
     tokenizer = load_tokenizer(random_model_dir)
     args = tiny_config(tmp_path, length_penalty_coeff=0.5)
     trainer = LengthPluginGRPOTrainer(
@@ -235,8 +238,10 @@ def test_coefficient_log_lines(random_model_dir, tmp_path, caplog):
     )
     with caplog.at_level("INFO", logger="trl_length_plugin"):
         trainer.train()
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Length penalty:")]
-    assert len(lines) == 8 and "session_id=step0/group0 rollout_id=0 " in lines[0]
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Length penalty:")]
+    assert line.startswith("Length penalty: step=0 coeff=0.5 rollouts=8 groups=2 penalized=")
+    multipliers = [float(m) for m in re.findall(r"multiplier_(?:mean|min)=([0-9.]+)", line)]
+    assert len(multipliers) == 2 and 0 < multipliers[1] <= multipliers[0] <= 1
 
 
 @pytest.mark.slow
@@ -541,18 +546,27 @@ LengthPluginGRPOTrainer(model=model, reward_funcs=[correctness_reward], args=arg
 
 @pytest.mark.slow
 def test_log_lines_follow_trls_log_level(random_model_dir, tmp_path):
-    """Without any logging setup, the plugin's INFO lines (the settings line, the per-rollout ``Length
-    penalty:`` lines) appear under ``log_level="info"`` and not at TRL's default (warning)."""
+    """Without any logging setup, the plugin's INFO lines (one settings line per feature with its values, the
+    step's ``Length penalty:`` summary) appear at TRL's default ``log_level`` (passive), which leaves
+    transformers at WARNING, each on a line of its own beside the progress bar; ``log_level="warning"``
+    hides them."""
     script = tmp_path / "run.py"
     script.write_text(LOG_SCRIPT)
     stderr = {}
-    for level in ("info", "default"):
+    for level in ("default", "warning"):
         out = subprocess.run(
             [sys.executable, str(script), str(random_model_dir), str(tmp_path / level), level],
             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
         stderr[level] = out.stderr
-    assert stderr["info"].count("Length penalty: session_id=step0/") == 8
-    assert "trl-length-plugin: length shaping: length coefficient 1" in stderr["info"]
-    assert "Length penalty:" not in stderr["default"]
+    settings = (
+        "[INFO|trl_length_plugin] trl-length-plugin: length coefficient: length_penalty_coeff=1.0, "
+        "length_penalty_min_tokens=0, length_penalty_coeff_warmup_steps=0"
+    )
+    assert settings in stderr["default"].splitlines()
+    segments = re.split(r"[\r\n]", stderr["default"])  # a progress bar redraws after "\r"
+    (summary,) = [segment for segment in segments if "Length penalty:" in segment]
+    assert summary.startswith("[INFO|trl_length_plugin] Length penalty: step=0 coeff=1 rollouts=8 groups=2 ")
+    assert "***** Running training *****" not in stderr["default"]  # transformers' INFO
+    assert "trl-length-plugin" not in stderr["warning"] and "Length penalty:" not in stderr["warning"]

@@ -190,6 +190,37 @@ def test_wrapper_reads_the_trainers_group_size_and_refuses_a_mismatch(setup, tmp
         stock.train()
 
 
+@pytest.mark.slow
+def test_wrapper_prints_its_settings_and_writes_its_card_section(setup, tmp_path, caplog):
+    """On TRL's stock trainer with ``save_strategy: "no"`` (TRL writes no card): the wrapper logs its
+    settings line with the values at INFO, and the card written when training ends carries the
+    plugin's tag, the wrapper's block and the citations (docs/trl.md, "Model card")."""
+    tokenizer, common = setup
+    common = {k: v for k, v in common.items() if k != "eval_dataset"}
+    with caplog.at_level("INFO", "trl_length_plugin"):
+        wrapper = LengthPenaltyReward(correctness_reward, BLOCK, tokenizer=tokenizer)
+    assert [r.getMessage() for r in caplog.records] == [
+        "trl-length-plugin: group length penalties: length_penalty.agent_overrides.math.length_type=chars, "
+        "length_penalty.default.group_total_length_penalty_coeff=0.2, "
+        "length_penalty.default.pass_rate_length_penalty_weight=0.1, length_penalty.default.total_bonus=0.05 "
+        "(reward wrapper)"
+    ]
+    stock = RecordingStockTrainer(
+        reward_funcs=[correctness_reward, wrapper], args=tiny_config(tmp_path, save_strategy="no"), **common
+    )
+    stock.train()
+    card = (tmp_path / "README.md").read_text()
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert {"trl", "grpo", "trl-length-plugin"} <= set(metadata["tags"])
+    section = card[card.index("## Length control") :]
+    assert json.loads(section[section.index("```json") + 7 : section.index("```\n\n")]) == {
+        "length_penalty": BLOCK
+    }
+    assert "as the reward function `length_penalty` (LengthPenaltyReward)" in section
+    assert "Cite group length penalties as:" in card and "Cite trl-length-plugin as:" in card
+    assert "Cite LUSPO as:" not in card and card.count("## Length control") == 1
+
+
 #: the module of docs/trl.md, "The wrapper route": a module-level wrapper instance for ``--reward_funcs``
 REWARDS_MODULE = """\
 from trl_length_plugin.embedded import correctness_reward, embedded_model_dir, load_tokenizer
@@ -206,8 +237,9 @@ length_penalty = LengthPenaltyReward(
 @pytest.mark.slow
 def test_stock_trl_grpo_command_with_the_wrapper(tiny_model_dir, tmp_path):
     """TRL's own ``trl grpo`` (accelerate launch of trl/scripts/grpo.py), offline, on the embedded model
-    directory and a local JSON Lines dataset, with the wrapper given by dotted path: it trains two steps
-    and logs the wrapper's column and metrics (docs/trl.md, "The wrapper route")."""
+    directory and a local JSON Lines dataset, with the wrapper given by dotted path: it trains two steps,
+    logs the wrapper's settings, column and metrics, and the card in the output folder has the wrapper's
+    section (docs/trl.md, "The wrapper route", "Model card")."""
     (tmp_path / "data").mkdir()
     make_task_dataset(32).to_json(str(tmp_path / "data" / "train.jsonl"))
     (tmp_path / "length_rewards.py").write_text(REWARDS_MODULE)
@@ -256,3 +288,8 @@ def test_stock_trl_grpo_command_with_the_wrapper(tiny_model_dir, tmp_path):
         assert abs(penalty) < 1e-6  # group-relative scaling is mean-centred over each group's correct rows
     assert max(row["length_penalty/adjusted_frac"] for row in steps) > 0
     assert max(row["rewards/length_penalty/std"] for row in steps) > 0
+    settings = "trl-length-plugin: group length penalties: length_penalty.default.group_total_length_penalty_coeff=0.1"
+    assert settings + " (reward wrapper)" in done.stdout + done.stderr
+    card = (out / "README.md").read_text()  # the wrapper's section, written after the checkpoint's card
+    assert "- trl-length-plugin" in card.split("---")[1]
+    assert '"group_total_length_penalty_coeff": 0.1' in card and "Cite trl-length-plugin as:" in card

@@ -10,15 +10,19 @@ Like ``trl grpo`` (same parser, same keys), but unknown keys are errors instead 
 - ``reward_funcs``: dotted paths (``pkg.module.func``) or names from ``trl.rewards``.
 - ``dataset_name``: ``embedded`` (the embedded arithmetic task), a local file or saved dataset, or a Hub name.
 - ``model_name_or_path``: ``embedded`` (warm-started tiny model), ``embedded-random``, a local path or a Hub name.
+- ``--help``: the plugin's keys by feature (``cli_help``, printed before TRL is imported), then TRL's;
+  ``--plugin-help``: only the plugin's, without importing TRL.
 
 The plugin's own keys are validated with the core config before TRL and torch are imported (that takes
 seconds), then everything by TRL's parser and the trainer's own setup checks (docs/reference/product.md §1.3). Each such error ends the command with one line ``trl-length-grpo: error: ...`` and exit status 2;
-errors raised inside TRL, a model or training keep their traceback. Unless ``log_level`` is set, the run
-uses ``log_level: info``, so the plugin's INFO lines (settings, ``Length penalty:`` lines) are shown.
+errors raised inside TRL, a model or training keep their traceback. The plugin's INFO lines (settings, the
+per-step ``Length penalty:`` summary) are shown; unless ``log_level`` is written, transformers, datasets,
+DeepSpeed and vLLM stay at WARNING (``log_level: info`` or ``debug`` asks for theirs too, docs/trl.md, "Logs").
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import itertools
 import logging
@@ -33,6 +37,8 @@ from typing import Any, NoReturn
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trl_length_plugin import __version__
+from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
+from trl_length_plugin.cli_help import grouped_keys, plugin_help
 from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
 from trl_length_plugin.recipes import resolve_config
 from trl_length_plugin.shaping.config import SHAPING_KEYS, config_error, load_shaping_config, read_yaml
@@ -45,8 +51,14 @@ DESCRIPTION = (
     "GRPO with the length-control plugin (docs/trl.md). Keys come from a YAML recipe, --config FILE or "
     "--config recipe:NAME (`trl-length recipes` lists the shipped ones), and from --key value flags, which "
     "override the recipe's keys; a --length_penalty flag replaces the recipe's whole length_penalty block "
-    "(nothing of it is merged). Every option below is also a recipe key. Without log_level the run uses "
-    f"log_level info. The docs cited here (docs/...) ship with the package: {DOCS}"
+    "(nothing of it is merged). Every option below is also a recipe key. Without log_level the plugin logs "
+    "at INFO and TRL, transformers, datasets, DeepSpeed and vLLM at WARNING; log_level info or debug shows "
+    "theirs too."
+)
+#: the heading of TRL's part of --help
+TRL_KEYS = (
+    "TRL's keys (GRPOConfig, ModelConfig, the script arguments of `trl grpo`; the plugin's keys are above, "
+    "`trl-length-grpo --plugin-help` prints only those, without importing TRL):"
 )
 
 logger = logging.getLogger("trl_length_plugin")
@@ -60,6 +72,7 @@ class PluginKeys(BaseModel):
     correctness_reward: str | None = None
     agent_column: str = "agent"
     length_penalty_log_file: str | None = None
+    length_penalty_log_rollouts: bool = False
     length_curves_png: bool = False
     luspo: bool = False
     vllm_engine_kwargs: dict | str | None = None  # a JSON object string is parsed by the trainer's config
@@ -103,10 +116,9 @@ class CommandLine:
         return values if key == "reasoning_tags" or len(values) != 1 else values[0]
 
     def trl_argv(self) -> list[str]:
-        """The arguments for TRL's parser: the recipe as a path, ``log_level info`` unless one is written."""
+        """The arguments for TRL's parser: the recipe as a path, then the flags."""
         config = ["--config", str(self.config)] if self.config else []
-        log_level = [] if "log_level" in self.written else ["--log_level", "info"]
-        return [*config, *self.rest, *log_level]
+        return [*config, *self.rest]
 
 
 def split_config(argv: list[str]) -> tuple[Path | None, list[str]]:
@@ -184,11 +196,16 @@ def read_command_line(argv: list[str]) -> CommandLine:
 
 
 def show_plugin_logs(command: CommandLine) -> None:
-    """Set the plugin logger to the run's ``log_level`` (default info) while TRL parses, on the main process;
-    the trainer sets it again from ``log_level`` / ``log_level_replica``."""
-    level = str(command.value("log_level") if "log_level" in command.written else "info")
+    """Set the plugin logger to the run's ``log_level`` (default info) while TRL parses, on the main process
+    (the trainer sets it again from ``log_level`` / ``log_level_replica``); unless ``log_level`` is written,
+    keep the host libraries at WARNING. The accelerator notices of every CPU run are dropped."""
+    written = "log_level" in command.written
+    level = str(command.value("log_level") if written else "info")
     if level in LOG_LEVELS and os.environ.get("RANK", "0") == "0":
         logger.setLevel(level.upper())
+    if not written:
+        quiet_host_logs()
+    drop_accelerator_notices()
 
 
 def warn_if_block_replaced(command: CommandLine) -> None:
@@ -281,12 +298,26 @@ def run(*parsed):
     return trainer
 
 
+def print_help() -> None:
+    """The plugin's keys by feature (printed before TRL is imported), then TRL's own keys."""
+    print(plugin_help(DESCRIPTION, DOCS), flush=True)
+    drop_accelerator_notices()
+    parser = import_script().make_parser(PROG, TRL_KEYS)
+    ours = set(grouped_keys())
+    for action in parser._actions:
+        if action.dest in ours:
+            action.help = argparse.SUPPRESS  # listed above; argparse then leaves them out of the usage too
+    parser.print_help()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--version" in argv:
         print(f"{PROG} {__version__}")
+    elif "--plugin-help" in argv:
+        print(plugin_help(DESCRIPTION, DOCS), end="")
     elif "-h" in argv or "--help" in argv:
-        import_script().make_parser(PROG, DESCRIPTION).print_help()
+        print_help()
     else:
         run(*parse_args(argv))
 

@@ -30,6 +30,7 @@ _EXPORTS = {
     "measure_token_ids": "lengths",
     "split_reasoning": "lengths",
     "length_penalty_lines": "log",
+    "length_penalty_summary": "log",
     "log_length_coefficient": "log",
     "MetadataCache": "metadata",
     "PromptMetadata": "metadata",

@@ -1,5 +1,6 @@
-"""The per-rollout ``Length penalty:`` record of the length coefficient (docs/reference/length-coefficient.md
-§3.4): an INFO line on the ``trl_length_plugin`` logger, or a JSON line in a file (large batches)."""
+"""The ``Length penalty:`` records of the length coefficient (docs/reference/length-coefficient.md §3.4): one
+summary line per step, or one INFO line per rollout on the ``trl_length_plugin`` logger, or a JSON line per
+rollout in a file (large batches)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .coefficient import LengthCoefficientResult
 from .groups import GroupLayout
@@ -69,6 +72,26 @@ def length_penalty_lines(
     return [format_length_penalty(record) for record in length_penalty_records(result, step, session_ids)]
 
 
+def length_penalty_summary(result: LengthCoefficientResult, step: int | None = None) -> str:
+    """The §3.4 summary line of one step's rollouts."""
+    penalized = result.multipliers < 1
+    lengths = result.lengths.double()
+    multipliers = result.multipliers.double()
+    reductions = torch.nan_to_num(result.reward_reductions.double())
+    rows = lengths.numel()
+
+    def mean(values: torch.Tensor) -> float:
+        return float(values.mean()) if values.numel() else 0.0
+
+    return (
+        f"Length penalty: step={'-' if step is None else step} coeff={result.coeff:g} rollouts={rows} "
+        f"groups={result.layout.num_groups} penalized={int(penalized.sum())} "
+        f"generated_tokens_mean={mean(lengths):.1f} multiplier_mean={mean(multipliers):.6f} "
+        f"multiplier_min={float(multipliers.min()) if rows else 1.0:.6f} "
+        f"reward_reduction_mean={mean(reductions):.6f}"
+    )
+
+
 def log_length_coefficient(
     result: LengthCoefficientResult,
     *,
@@ -76,9 +99,11 @@ def log_length_coefficient(
     session_ids: Sequence[str] | None = None,
     is_main_process: bool = True,
     jsonl: str | Path | None = None,
+    rollouts: bool = True,
 ) -> None:
-    """Emit the §3.4 record of every rollout, main process only, nothing when the coefficient is 0: INFO
-    lines on ``trl_length_plugin``, or, with ``jsonl``, JSON lines appended to that file (with ``step``)."""
+    """Emit the §3.4 records, main process only, nothing when the coefficient is 0: with ``jsonl``, one JSON
+    line per rollout appended to that file (with ``step``); else INFO lines on ``trl_length_plugin``, one
+    per rollout (``rollouts``) or one summary line for the step."""
     if not is_main_process or result.coeff == 0:
         return
     if jsonl is not None:
@@ -88,6 +113,10 @@ def log_length_coefficient(
             for record in length_penalty_records(result, step, session_ids):
                 sink.write(json.dumps({"step": step, **record}) + "\n")
         return
-    if logger.isEnabledFor(logging.INFO):
-        for record in length_penalty_records(result, step, session_ids):
-            logger.info(format_length_penalty(record))
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    if not rollouts:
+        logger.info(length_penalty_summary(result, step))
+        return
+    for record in length_penalty_records(result, step, session_ids):
+        logger.info(format_length_penalty(record))

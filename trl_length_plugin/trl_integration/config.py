@@ -123,6 +123,13 @@ class LengthPluginGRPOConfig(GRPOConfig):
             "(a relative path is inside output_dir) instead of the console."
         },
     )
+    length_penalty_log_rollouts: bool = field(
+        default=False,
+        metadata={
+            "help": "Log one `Length penalty:` line per rollout (reference §3.4) instead of one summary line "
+            "per step."
+        },
+    )
     length_curves_png: bool = field(
         default=False,
         metadata={

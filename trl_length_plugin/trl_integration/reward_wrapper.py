@@ -17,7 +17,8 @@ Use it next to the correctness reward::
 
 Evaluation batches are never shaped (§2.15) nor grouped: the column is 0, or ``None`` where the correctness
 reward is ``None``. The wrapper tells them apart by the model of the trainer that calls it (the owner of
-the ``log_metric`` TRL passes), else by the model the callback attached.
+the ``log_metric`` TRL passes), else by the model the callback attached. It logs its settings line when
+built and gives the calling trainer its model-card section (``model_card.LengthCardCallback``).
 
 Per-prompt metadata is parsed once per distinct entry across calls, as in the subclass (``RowMetadata``);
 streaming datasets work. Limits of this route: it must stay synchronous (it runs collectives); it calls
@@ -43,6 +44,8 @@ from accelerate.utils import gather
 from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig, shape_rollouts
 from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
 from trl_length_plugin.shaping.records import log_group_records
+from trl_length_plugin.shaping.settings import shaping_settings_lines
+from trl_length_plugin.trl_integration.model_card import LengthCardCallback, wrapper_card
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
     RowMetadata,
@@ -99,6 +102,8 @@ class LengthPenaltyReward:
         self.model = None
         self._checked_nesting = False
         self._metadata = RowMetadata()
+        for line in shaping_settings_lines(config):
+            logger.info("%s (reward wrapper)", line)
 
     @property
     def config(self) -> LengthPenaltyConfig:
@@ -138,6 +143,13 @@ class LengthPenaltyReward:
             )
         return size
 
+    def _add_card(self, trainer) -> None:
+        """Give the calling trainer the card section of this wrapper, once (``model_card.LengthCardCallback``)."""
+        handler = getattr(trainer, "callback_handler", None)
+        if handler is None or any(isinstance(c, LengthCardCallback) for c in handler.callbacks):
+            return
+        trainer.add_callback(LengthCardCallback(trainer, wrapper_card(self.shaping)))
+
     # -- the reward function ------------------------------------------------------------------------------
     def __call__(
         self, prompts, completions, completion_ids=None, log_metric=None, **columns
@@ -146,6 +158,7 @@ class LengthPenaltyReward:
             prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
         )
         trainer = getattr(log_metric, "__self__", None)
+        self._add_card(trainer)
         if not self._training(trainer):
             return [None if r is None else 0.0 for r in raw]
         group_size = self._group_size(trainer)

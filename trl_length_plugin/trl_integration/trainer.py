@@ -30,13 +30,15 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_callable_name
 
+from trl_length_plugin._logging import plugin_log_level
 from trl_length_plugin.shaping import GroupNormalization, ShapingResult, shape_rollouts
 from trl_length_plugin.shaping.log import log_length_coefficient
 from trl_length_plugin.shaping.records import log_group_records
+from trl_length_plugin.shaping.settings import shaping_settings_lines
 from trl_length_plugin.trl_integration import _host, vllm_topk
 from trl_length_plugin.trl_integration.callback import LengthPluginCallback
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig
-from trl_length_plugin.trl_integration.model_card import add_length_control
+from trl_length_plugin.trl_integration.model_card import add_length_control, trainer_card, write_card
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
     RowMetadata,
@@ -140,7 +142,7 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             raise TypeError(
                 "LengthPluginGRPOTrainer needs a LengthPluginGRPOConfig, got " + type(args).__name__
             )
-        logging.getLogger("trl_length_plugin").setLevel(args.get_process_log_level())
+        logging.getLogger("trl_length_plugin").setLevel(plugin_log_level(args))
         if reward_funcs is None:
             funcs = []
         else:
@@ -245,7 +247,8 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
         self.reward_weights = torch.cat([self.reward_weights, torch.ones(1)])
         log_file = args.length_penalty_log_file
         self._log_file = None if log_file is None else os.path.join(args.output_dir, log_file)
-        logger.info("trl-length-plugin: %s", self._shaping.summary())
+        for line in shaping_settings_lines(self._shaping):
+            logger.info(line)
 
     # -- schedules (callback.py) ------------------------------------------------------------------------
     def set_length_schedule(self, name: str, value: float) -> None:
@@ -327,7 +330,11 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             log_group_records(result.penalties.groups, is_main_process=main)
         if result.coefficient is not None:
             log_length_coefficient(
-                result.coefficient, step=self.state.global_step, is_main_process=main, jsonl=self._log_file
+                result.coefficient,
+                step=self.state.global_step,
+                is_main_process=main,
+                jsonl=self._log_file,
+                rollouts=self.args.length_penalty_log_rollouts,
             )
         for key, value in result.metrics.items():
             self._metrics["train"][key].append(value)
@@ -393,12 +400,18 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
 
     # -- model card -------------------------------------------------------------------------------------
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card (tagged ``trl-length-plugin``) with the length-control settings used and, when LUSPO
-        is on, its citation."""
+        """TRL's card (tagged ``trl-length-plugin``) with the length-control settings used and the citations
+        of every method used (``model_card.py``)."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         path = os.path.join(self.args.output_dir, "README.md")
         if self.is_world_process_zero() and os.path.exists(path):
             with open(path, encoding="utf-8") as card:
                 text = card.read()
             with open(path, "w", encoding="utf-8") as card:
-                card.write(add_length_control(text, self.args))
+                card.write(add_length_control(text, trainer_card(self.args)))
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False):
+        """Save as TRL does, and the model card with it (TRL writes one only with checkpoints)."""
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call:
+            write_card(self, trainer_card(self.args), output_dir)
