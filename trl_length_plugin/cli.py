@@ -19,7 +19,6 @@ uses ``log_level: info``, so the plugin's INFO lines (settings, ``Length penalty
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import logging
 import os
@@ -35,7 +34,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trl_length_plugin import __version__
 from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
 from trl_length_plugin.recipes import resolve_config
-from trl_length_plugin.shaping.config import SHAPING_KEYS, config_error, load_shaping_config, read_yaml
+from trl_length_plugin.shaping.config import (
+    SHAPING_KEYS,
+    config_error,
+    did_you_mean,
+    load_shaping_config,
+    read_yaml,
+)
+from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 PROG = "trl-length-grpo"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -151,10 +157,7 @@ def read_recipe(path: Path) -> dict[str, Any]:
 def unknown_keys(keys: Iterable[str], known: Iterable[str], where: str) -> str:
     """The message for ``keys`` that are no key, with the closest known ones."""
     known = list(known)
-    parts = []
-    for key in sorted(keys):
-        close = difflib.get_close_matches(key, known, n=1)
-        parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    parts = [f"{key!r}" + did_you_mean(key, known) for key in sorted(keys)]
     return f"unknown key{'s' if len(parts) > 1 else ''} {', '.join(parts)} {where}"
 
 
@@ -166,6 +169,7 @@ def read_command_line(argv: list[str]) -> CommandLine:
         misspelt = {key for key in keys if key.startswith(PREFIXES) and key not in PLUGIN_KEYS}
         if misspelt:
             raise ValueError(unknown_keys(misspelt, PLUGIN_KEYS, where))
+    check_trl_keys({key: command.value(key) for key in TRL_KEYS if key in command.written}, command.flags)
     values = {key: command.value(key) for key in PLUGIN_KEYS if key in command.written}
     load_shaping_config({key: value for key, value in values.items() if key in SHAPING_KEYS})
     try:
