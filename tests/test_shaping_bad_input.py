@@ -252,5 +252,5 @@ def test_a_nested_typo_names_the_key_meant(key, seed):
     ]:
         with pytest.raises(LengthConfigError) as info:
             load_shaping_config({"length_penalty": block})
-        assert str(info.value) == f"{where}: unknown key {typo!r} (did you mean {key!r}?)"
+        assert str(info.value) == f"{where}.{typo}: unknown key (did you mean {key!r}?)"
     assert did_you_mean(typo, [key, "enabled"]) == f" (did you mean {key!r}?)"

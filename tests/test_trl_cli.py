@@ -126,7 +126,9 @@ PRE_IMPORT = {
     ),
     "nested typo": (
         lambda p: ["--length_penalty", '{"default": {"group_totl_length_penalty_coeff": 0.1}}'],
-        ["length_penalty.default: unknown key", "(did you mean 'group_total_length_penalty_coeff'?)"],
+        [
+            "length_penalty.default.group_totl_length_penalty_coeff: unknown key (did you mean 'group_total_length_penalty_coeff'?)"
+        ],
     ),
     "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
     "valid keys, then TRL missing": (

@@ -491,11 +491,7 @@ def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] 
         message = item["msg"].removeprefix("Value error, ")
         level = _model_at(model, item["loc"][:-1]) if model is not None else None
         if item["type"] == "extra_forbidden" and level is not None:
-            key = item["loc"][-1]
-            where = ".".join(str(p) for p in loc[:-1])
-            message = f"unknown key {key!r}" + did_you_mean(str(key), level.model_fields)
-            parts.append(f"{where}: {message}" if where else message)
-            continue
+            message = "unknown key" + did_you_mean(str(item["loc"][-1]), level.model_fields)
         parts.append(f"{path}: {message}" if path else message)
     return "; ".join(parts)
 
