@@ -94,7 +94,7 @@ def read_band(block):
     a, b, f = as_length(block.get("a")), as_length(block.get("b")), as_number(block.get("f"))
     if a is None or b is None or f is None:
         return "invalid"
-    if b <= a or f < 0 or f > 1:
+    if a < 0 or b <= a or f < 0 or f > 1:
         return "invalid"
     return (a, b, f)
 

@@ -50,6 +50,7 @@ def valid_band(draw, scale=40):
 malformed_band = st.sampled_from(
     [
         {"a": 5, "b": 3, "f": 0.5},
+        {"a": -3, "b": 2, "f": 0.5},
         {"a": 1, "b": 2, "f": 1.5},
         {"a": True, "b": 2, "f": 0.5},
         {"a": "1", "b": 2, "f": 0.5},

@@ -198,7 +198,17 @@ def test_metadata_cache_is_bounded():
          "length_penalty.profile_band.defaults.total.b:"),
         ({"reasoning_tags": ["<t>", "</t>"], "length_penalty": {"reasoning_tags": ["<a>", "</a>"]}},
          "reasoning_tags: ['<t>', '</t>'] disagrees"),
-        ({"length_penalty_cof": 1}, "length_penalty_cof: Extra inputs are not permitted"),
+        ({"length_penalty_cof": 1}, "length_penalty_cof: unknown key (did you mean 'length_penalty_coeff'?)"),
+        ({"length_penalty": {"default": {"group_relativ_length_penalty_coeff": 1}}},
+         "length_penalty.default.group_relativ_length_penalty_coeff: unknown key (did you mean"),
+        ({"length_penalty": {"agent_overrides": {"math": {"Total_Bonus": 1}}}},
+         "length_penalty.agent_overrides.math.Total_Bonus: unknown key (did you mean 'total_bonus'?)"),
+        ({"length_penalty": {"profile_band": {"defaults": {"totl": {"a": 1, "b": 2, "f": 1}}}}},
+         "length_penalty.profile_band.defaults.totl: unknown key (did you mean 'total'?)"),
+        ({"length_penalty": {"profile_band": {"defaults": {"total": {"a": -5, "b": 2, "f": 1}}}}},
+         "length_penalty.profile_band.defaults.total.a: Input should be greater than or equal to 0"),
+        ({"length_penalty": {"profile_band": {"defaults": {"total": {"a": 10, "b": 5, "f": 1}}}}},
+         "length_penalty.profile_band.defaults.total: profile band needs b > a, got a=10.0, b=5.0"),
     ],
 )  # fmt: skip
 def test_bad_keys_are_one_line_errors_naming_the_key(values, key):

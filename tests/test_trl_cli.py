@@ -113,6 +113,24 @@ PRE_IMPORT = {
         lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", "1.5"],
         ["score_centering_top_k"],
     ),
+    "TRL choice key": (
+        lambda p: ["--config", "recipe:group_relative_cpu", "--loss_type", "dr-grpo"],
+        ["loss_type: 'dr-grpo' is not one of", "(did you mean 'dr_grpo'?)"],
+    ),
+    "TRL integer key in a recipe": (
+        lambda p: ["--config", yaml_file(p, "num_iterations: 0\n")],
+        ["num_iterations: must be an integer >= 1, got 0"],
+    ),
+    "key written twice": (
+        lambda p: ["--config", yaml_file(p, "max_steps: 1\nlearning_rate: 1.0e-5\nmax_steps: 2\n")],
+        ["recipe.yaml: key 'max_steps' written twice (line 1 and line 3)"],
+    ),
+    "nested typo": (
+        lambda p: ["--length_penalty", '{"default": {"group_totl_length_penalty_coeff": 0.1}}'],
+        [
+            "length_penalty.default.group_totl_length_penalty_coeff: unknown key (did you mean 'group_total_length_penalty_coeff'?)"
+        ],
+    ),
     "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
     "valid keys, then TRL missing": (
         lambda p: ["--config", "recipe:coefficient_cpu"],

@@ -296,3 +296,26 @@ def test_multi_output_sessions_are_rejected():
     check_single_output_sessions(["u_0_0", "u_10_0"])
     with pytest.raises(NotImplementedError, match="u_1_1"):
         check_single_output_sessions(["u_0_0", "u_1_1"])
+
+
+@pytest.mark.slow
+def test_a_gate_without_any_band_source_is_warned_once(store, tokenizer, tmp_path, caplog):
+    """The engine's rule (as TRL's setup warning): the gate is on, no prompt carries a ``profile_band`` and
+    no global band is set, so the gate stays closed; verl says so once per run (§2.12-2.13)."""
+    path = tmp_path / "gate.yaml"
+    path.write_text(
+        "default:\n  group_total_length_penalty_coeff: 0.2\n  group_length_penalty_profile_gate: true\n"
+    )
+    trainer = make_trainer([f"+length_penalty={path}", "algorithm.adv_estimator=grpo"], tokenizer)
+    items = [Rollout(uid, r, words(n)) for uid in ("g1", "g2") for r, n in [(1.0, 2), (1.0, 9), (0.0, 5)]]
+    with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
+        for _ in range(2):
+            _, rows, index, _ = run_advantage_step(trainer, items, tokenizer, groups=2, pad_to=1)
+    warnings = [r.getMessage() for r in caplog.records if "sets no band" in r.getMessage()]
+    assert warnings == [
+        "length_penalty: group_length_penalty_profile_gate is on but no prompt of the batch has a 'profile_band' "
+        "and length_penalty.profile_band.defaults sets no band: the gate stays closed and no band applies "
+        "(docs/reference/length-penalties.md §2.12-2.13)"
+    ]
+    scores = [float(reward.sum()) for reward in rows["token_level_rewards"]]
+    assert scores == [items[i].reward for i in index]  # the closed gate leaves every score as it was

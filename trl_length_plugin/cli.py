@@ -23,7 +23,6 @@ DeepSpeed and vLLM stay at WARNING (``log_level: info`` or ``debug`` asks for th
 from __future__ import annotations
 
 import argparse
-import difflib
 import itertools
 import logging
 import os
@@ -41,7 +40,14 @@ from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
 from trl_length_plugin.cli_help import grouped_keys, plugin_help
 from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
 from trl_length_plugin.recipes import resolve_config
-from trl_length_plugin.shaping.config import SHAPING_KEYS, config_error, load_shaping_config, read_yaml
+from trl_length_plugin.shaping.config import (
+    SHAPING_KEYS,
+    config_error,
+    did_you_mean,
+    load_shaping_config,
+    read_yaml,
+)
+from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 PROG = "trl-length-grpo"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -56,7 +62,7 @@ DESCRIPTION = (
     "theirs too."
 )
 #: the heading of TRL's part of --help
-TRL_KEYS = (
+TRL_HELP_HEADING = (
     "TRL's keys (GRPOConfig, ModelConfig, the script arguments of `trl grpo`; the plugin's keys are above, "
     "`trl-length-grpo --plugin-help` prints only those, without importing TRL):"
 )
@@ -163,10 +169,7 @@ def read_recipe(path: Path) -> dict[str, Any]:
 def unknown_keys(keys: Iterable[str], known: Iterable[str], where: str) -> str:
     """The message for ``keys`` that are no key, with the closest known ones."""
     known = list(known)
-    parts = []
-    for key in sorted(keys):
-        close = difflib.get_close_matches(key, known, n=1)
-        parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    parts = [f"{key!r}" + did_you_mean(key, known) for key in sorted(keys)]
     return f"unknown key{'s' if len(parts) > 1 else ''} {', '.join(parts)} {where}"
 
 
@@ -178,6 +181,7 @@ def read_command_line(argv: list[str]) -> CommandLine:
         misspelt = {key for key in keys if key.startswith(PREFIXES) and key not in PLUGIN_KEYS}
         if misspelt:
             raise ValueError(unknown_keys(misspelt, PLUGIN_KEYS, where))
+    check_trl_keys({key: command.value(key) for key in TRL_KEYS if key in command.written}, command.flags)
     values = {key: command.value(key) for key in PLUGIN_KEYS if key in command.written}
     shaping = load_shaping_config({key: value for key, value in values.items() if key in SHAPING_KEYS})
     if "dataset_name" in command.written:
@@ -302,7 +306,7 @@ def print_help() -> None:
     """The plugin's keys by feature (printed before TRL is imported), then TRL's own keys."""
     print(plugin_help(DESCRIPTION, DOCS), flush=True)
     drop_accelerator_notices()
-    parser = import_script().make_parser(PROG, TRL_KEYS)
+    parser = import_script().make_parser(PROG, TRL_HELP_HEADING)
     ours = set(grouped_keys())
     for action in parser._actions:
         if action.dest in ours:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .batch import as_float_tensor, valid_lengths
@@ -41,6 +43,20 @@ class LengthCoefficientResult:
         return mean_metrics(self.row_metrics())
 
 
+def finite_number(value: Any, name: str, minimum: float | None = None) -> float:
+    """``value`` as a float: a real number (not a bool; a Python, numpy or 0-d tensor scalar), finite and
+    at least ``minimum``; else a ``ValueError`` naming ``name``."""
+    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim == 0:
+        value = value.item()
+    number = (
+        float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_) else None
+    )
+    if number is None or not math.isfinite(number) or (minimum is not None and number < minimum):
+        bound = f" >= {minimum:g}" if minimum is not None else ""
+        raise ValueError(f"{name} must be a finite number{bound}, got {value!r}")
+    return number
+
+
 @single_threaded()
 def apply_length_coefficient(
     rewards: Any,
@@ -57,10 +73,8 @@ def apply_length_coefficient(
     counts (§3.2). With group penalties on, pass their result as ``rewards`` and the raw correctness
     reward as ``correctness`` (§3.5). Every other row keeps multiplier 1.
     """
-    if not (math.isfinite(coeff) and coeff >= 0):
-        raise ValueError(f"length_penalty_coeff must be a finite number >= 0, got {coeff}")
-    if min_tokens < 0:
-        raise ValueError(f"length_penalty_min_tokens must be >= 0, got {min_tokens}")
+    coeff = finite_number(coeff, "length_penalty_coeff", minimum=0.0)
+    min_tokens = finite_number(min_tokens, "length_penalty_min_tokens", minimum=0.0)
     raw = as_float_tensor(rewards, "rewards")
     values = raw.double()
     length = as_float_tensor(lengths, "lengths").double()
@@ -87,7 +101,7 @@ def apply_length_coefficient(
         reward_reductions=(values - out.double()).to(raw.dtype),
         raw_rewards=raw,
         lengths=length,
-        coeff=float(coeff),
+        coeff=coeff,
         layout=layout,
         group_index=group_index,
     )

@@ -13,11 +13,13 @@ TRL are imported.
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import types
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -33,8 +35,11 @@ from pydantic import (
 Channel = Literal["total", "reasoning", "answer"]
 CHANNELS: tuple[Channel, ...] = ("reasoning", "answer", "total")  # bonus / longest / zMAD order (§2.7)
 BAND_CHANNELS: tuple[Channel, ...] = ("total", "reasoning", "answer")  # band order (§2.12)
+#: the per-agent keys that read a profile band (§2.12, §2.13)
+BAND_PARAMETERS = ("group_length_penalty_profile_gate", *(f"profile_band_{ch}" for ch in BAND_CHANNELS))
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
+MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
 
 
 def _not_bool(value: Any) -> Any:
@@ -46,6 +51,7 @@ def _not_bool(value: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_not_bool)]
 NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_bool)]
+BandBound = Annotated[float, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]  # a length (§2.12)
 Count = Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
@@ -55,10 +61,15 @@ class _WarnOnce:
 
     _warned: set[tuple[str, ...]]
 
+    def first_time(self, key: tuple[str, ...]) -> bool:
+        """Whether ``key`` is seen for the first time (it is remembered)."""
+        seen = key in self._warned
+        self._warned.add(key)
+        return not seen
+
     def warn_once(self, key: tuple[str, ...], message: str, *args: Any) -> None:
         """Log ``message`` on the ``trl_length_plugin`` logger the first time ``key`` is seen."""
-        if key not in self._warned:
-            self._warned.add(key)
+        if self.first_time(key):
             logging.getLogger("trl_length_plugin").warning(message, *args)
 
 
@@ -106,8 +117,8 @@ class ProfileBandChannel(BaseModel):
 
     model_config = _STRICT
 
-    a: Number
-    b: Number
+    a: BandBound
+    b: BandBound
     f: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)]
 
     @model_validator(mode="after")
@@ -171,8 +182,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
     def uses_metadata(self) -> bool:
         """Whether some agent reads per-prompt metadata (a gate, a band or the profiled penalty, §2.14)."""
         params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
-        gates = ("group_length_penalty_profile_gate", "profiled_length_penalty")
-        keys = (*gates, *(f"profile_band_{channel}" for channel in BAND_CHANNELS))
+        keys = (*BAND_PARAMETERS, "profiled_length_penalty")
         return bool(self.global_bands) or any(getattr(p, key) for p in params for key in keys)
 
     @property
@@ -182,6 +192,23 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
             return {}
         defaults = self.profile_band.defaults
         return {ch: band for ch in BAND_CHANNELS if (band := getattr(defaults, ch)) is not None}
+
+    def band_source_warning(self, has_bands: bool, source: str) -> str | None:
+        """The warning, the first time in a run (else None), that the profile gate or a band channel is on
+        for some agent but no band can apply: the host found no per-prompt ``profile_band`` (``has_bands``
+        False; ``source`` says where it looked) and ``profile_band.defaults`` sets none
+        (docs/reference/length-penalties.md §2.12-2.13). Hosts and the engine share it, so it is said once."""
+        if has_bands or self.global_bands:
+            return None
+        params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
+        used = sorted({name for p in params for name in BAND_PARAMETERS if getattr(p, name)})
+        if not used or not self.first_time(("no_band_source",)):
+            return None
+        return (
+            f"length_penalty: {', '.join(used)} is on but {source} and length_penalty.profile_band.defaults "
+            "sets no band: the gate stays closed and no band applies (docs/reference/length-penalties.md "
+            "§2.12-2.13)"
+        )
 
     def for_agent(self, agent: str | None) -> LengthPenaltyParams:
         """The merged parameters of ``agent`` (docs/reference/length-penalties.md §2.3, §2.12).
@@ -217,9 +244,37 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return LengthPenaltyParams.model_validate(merged)
 
 
+class DuplicateKeyError(ValueError):
+    """A YAML mapping writes a key twice (PyYAML would keep the second silently)."""
+
+
+def _unique_key_loader(yaml: Any) -> type:
+    """A ``SafeLoader`` that refuses a key written twice in one mapping, naming the key and both lines
+    (keys brought in by a ``<<`` merge may be overridden, as YAML intends)."""
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            first: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in first:
+                        raise DuplicateKeyError(
+                            f"key {key!r} written twice (line {first[key]} and line {line})"
+                        )
+                    first[key] = line
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def read_yaml(path: Path) -> Any:
-    """The YAML document of ``path``; a missing or unreadable file or a syntax error is a ``ValueError`` naming
-    the file (and, for syntax, the line)."""
+    """The YAML document of ``path``; a missing or unreadable file, a syntax error or a key written twice in
+    one mapping is a ``ValueError`` naming the file (and the line, or both lines)."""
     try:
         import yaml
     except ImportError as err:
@@ -228,11 +283,13 @@ def read_yaml(path: Path) -> Any:
             "(or pip install pyyaml)"
         ) from err
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_unique_key_loader(yaml))
     except OSError as err:
         raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:
         raise ValueError(f"cannot read {path}: not UTF-8 text") from None
+    except DuplicateKeyError as err:
+        raise ValueError(f"{path}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -389,12 +446,52 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
 SHAPING_KEYS = tuple(LengthShapingConfig.model_fields)
 
 
-def config_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per failed rule, ``key.path: message``, joined by ``; ``: what a user needs to fix the key."""
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the known word closest to ``word`` (case and ``-`` / ``_`` ignored),
+    else ``""``."""
+
+    def folded(text: str) -> str:
+        return str(text).lower().replace("-", "_")
+
+    by_fold = {folded(k): k for k in known}
+    close = difflib.get_close_matches(folded(word), list(by_fold), n=1)
+    return f" (did you mean {by_fold[close[0]]!r}?)" if close else ""
+
+
+def _unwrapped(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated`` metadata and ``None`` options."""
+    while get_origin(annotation) in (Annotated, Union, types.UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def _model_at(model: Any, loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The pydantic model reached from ``model`` by the key path ``loc`` (None when it is not a model)."""
+    for part in loc:
+        model = _unwrapped(model)
+        if get_origin(model) is dict:  # the part is a mapping key, e.g. an agent's name
+            model = get_args(model)[1]
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        model = model.model_fields[part].annotation
+    model = _unwrapped(model)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+    """One line per failed rule, ``key.path: message``, joined by ``; ``: what a user needs to fix the key.
+
+    With the validated ``model``, an unknown key at any depth is named with the closest key of its level,
+    as the command line names a top-level one."""
     parts = []
     for item in err.errors():
-        path = ".".join(str(p) for p in (*([prefix] if prefix else []), *item["loc"]))
+        loc = [*([prefix] if prefix else []), *item["loc"]]
+        path = ".".join(str(p) for p in loc)
         message = item["msg"].removeprefix("Value error, ")
+        level = _model_at(model, item["loc"][:-1]) if model is not None else None
+        if item["type"] == "extra_forbidden" and level is not None:
+            message = "unknown key" + did_you_mean(str(item["loc"][-1]), level.model_fields)
         parts.append(f"{path}: {message}" if path else message)
     return "; ".join(parts)
 
@@ -409,6 +506,6 @@ def load_shaping_config(values: Mapping[str, Any], prefix: str = "") -> LengthSh
     try:
         return LengthShapingConfig.model_validate(dict(values))
     except ValidationError as err:
-        raise LengthConfigError(config_error(err, prefix)) from None
+        raise LengthConfigError(config_error(err, prefix, LengthShapingConfig)) from None
     except ValueError as err:  # from a before-validator outside pydantic's wrapping (not expected)
         raise LengthConfigError(str(err)) from None

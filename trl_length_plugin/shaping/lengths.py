@@ -6,6 +6,10 @@ between the reasoning tags (the tags themselves count in neither channel); an un
 makes the rest reasoning, and a closing tag with no opening tag before it makes the text before it
 reasoning (chat templates that open the reasoning block in the prompt). Answer is the rest.
 ``tokens``: ``len(tokenizer.encode(text, add_special_tokens=False))`` per channel; ``chars``: ``len``.
+
+A completion that is neither a string nor a list of messages (mappings), a message ``content`` that is
+neither a string, None nor a list of parts, or text that is not valid Unicode (a lone surrogate, which no
+tokenizer encodes) is a ``ValueError`` naming the completion's index.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ def _content_text(content: Any) -> str:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, Sequence) or isinstance(content, bytes | bytearray):
+        raise ValueError(
+            f"a message's content must be a string or a list of parts, got {type(content).__name__}"
+        )
     parts = []
     for part in content:
         if isinstance(part, str):
@@ -77,8 +85,12 @@ def completion_channels(
     """``(reasoning, answer)`` text of a completion: a string or a list of chat messages."""
     if isinstance(completion, str):
         return split_reasoning(completion, reasoning_tags)
+    if not isinstance(completion, Sequence) or isinstance(completion, bytes | bytearray):
+        raise ValueError(f"expected a string or a list of chat messages, got {type(completion).__name__}")
     reasoning, answer = [], []
     for message in completion:
+        if not isinstance(message, Mapping):
+            raise ValueError(f"a chat message must be a mapping, got {type(message).__name__}")
         if message.get("role") not in (None, "assistant"):
             continue
         if isinstance(message.get("reasoning_content"), str):
@@ -101,6 +113,15 @@ def _count(text: str, length_type: str, tokenizer: Any) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
 
+def _check_unicode(text: str) -> None:
+    """A ``ValueError`` when ``text`` holds a lone surrogate (not valid Unicode)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("not valid Unicode text (it holds a lone surrogate)") from None
+
+
 def measure_lengths(
     completions: Sequence[Completion],
     length_type: str | Sequence[str] = "tokens",
@@ -116,8 +137,13 @@ def measure_lengths(
             "length_type 'tokens' needs a tokenizer (docs/reference/length-penalties.md §2.5); use 'chars' without one"
         )
     reasoning, answer = [], []
-    for completion, unit in zip(completions, types, strict=True):
-        thought, said = completion_channels(completion, reasoning_tags)
+    for row, (completion, unit) in enumerate(zip(completions, types, strict=True)):
+        try:
+            thought, said = completion_channels(completion, reasoning_tags)
+            _check_unicode(thought)
+            _check_unicode(said)
+        except ValueError as err:
+            raise ValueError(f"completions[{row}]: {err}") from None
         reasoning.append(_count(thought, unit, tokenizer))
         answer.append(_count(said, unit, tokenizer))
     return ChannelLengths(torch.tensor(reasoning, dtype=torch.long), torch.tensor(answer, dtype=torch.long))

@@ -12,8 +12,8 @@ raises. Malformed (reference §2.12, §2.14):
 - a ``profile_band`` that is not a mapping (every channel flagged), or a channel name other than
   ``total``/``reasoning``/``answer`` (flagged under ``channel_name``; the known channels are still read);
 - a channel block that is not a mapping, lacks ``a``, ``b`` or ``f``, has a value that is not a real number
-  (bools and strings are not numbers), is not finite, is above ``MAX_LENGTH`` in size, has ``b <= a`` or
-  ``f`` outside [0, 1];
+  (bools and strings are not numbers), is not finite, is above ``MAX_LENGTH`` in size, has ``a < 0``,
+  ``b <= a`` or ``f`` outside [0, 1];
 - ``profiled_rewards`` / ``profiled_output_lengths`` (both present) that are not sequences of the same
   length of real numbers (a reward may be a bool), or a length that is negative or above ``MAX_LENGTH``.
 
@@ -37,10 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import BAND_CHANNELS, ProfileBandChannel
+from .config import BAND_CHANNELS, MAX_LENGTH, ProfileBandChannel
 from .threads import single_threaded
 
-MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
 PROFILED = "profiled"
 CHANNEL_NAME = "channel_name"
 METADATA_KEYS = (*BAND_CHANNELS, PROFILED, CHANNEL_NAME)  # the columns of ``PromptMetadata.invalid``
@@ -160,7 +159,7 @@ def _band(block: Any) -> tuple[float, float, float] | None | object:
     if not isinstance(block, Mapping):
         return _INVALID
     a, b, f = _length(block.get("a")), _length(block.get("b")), _number(block.get("f"))
-    if a is None or b is None or f is None or b <= a or not 0 <= f <= 1:
+    if a is None or b is None or f is None or a < 0 or b <= a or not 0 <= f <= 1:
         return _INVALID
     return a, b, f
 
@@ -257,7 +256,7 @@ def _channel_bands(blocks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
             if given is not None:
                 a, b, f = given = given.reshape(3, -1)
                 good = (np.abs(given[:2]) <= MAX_LENGTH).all(0) & np.isfinite(f)
-                good &= (b > a) & (f >= 0) & (f <= 1)
+                good &= (a >= 0) & (b > a) & (f >= 0) & (f <= 1)
                 values[present[good]] = given.T[good]
                 bad[present[~good]] = True
                 return values, bad

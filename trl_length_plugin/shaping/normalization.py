@@ -15,15 +15,18 @@ normalization computed on the shaped rewards:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
 from .batch import as_float_tensor
+from .config import did_you_mean
 from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_max, row_min, row_sum
 from .threads import single_threaded
 
 ALL_CORRECT_MIN_RANGE = 1e-6  # §3.3
+StdScope = Literal["group", "batch"]
+STD_SCOPES: tuple[str, ...] = get_args(StdScope)
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class GroupNormalization:
 
     scale_by_std: bool = True
     std_eps: float = 1e-4
-    std_scope: Literal["group", "batch"] = "group"
+    std_scope: StdScope = "group"
     single_row_stats: tuple[float, float] | None = None
 
 
@@ -62,7 +65,7 @@ def group_advantages(
     scale_by_std: bool = True,
     std_eps: float = 1e-4,
     *,
-    std_scope: Literal["group", "batch"] = "group",
+    std_scope: StdScope = "group",
     single_row_stats: tuple[float, float] | None = None,
     plain_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -71,8 +74,13 @@ def group_advantages(
     ``single_row_stats``: the (mean, std) a group of one row uses (verl: ``(0.0, 1.0)``); ``None`` gives
     such a mixed group the advantage 0 (TRL, where its std is undefined). ``plain_rows`` (per row, bool):
     the groups of these rows get the host normalization whatever their raw rewards (groups the coefficient
-    skipped, reference §3.1).
+    skipped, reference §3.1). ``std_scope`` is ``"group"`` or ``"batch"``; anything else is a ``ValueError``.
     """
+    if std_scope not in STD_SCOPES:
+        raise ValueError(
+            f"std_scope: {std_scope!r} is not one of {', '.join(map(repr, STD_SCOPES))}"
+            + did_you_mean(str(std_scope), STD_SCOPES)
+        )
     values, truth, layout = _inputs(shaped, raw, group_index)
     x = values.double()
     batch_std = None

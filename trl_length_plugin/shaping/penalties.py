@@ -9,6 +9,7 @@ in row order (``groups.row_sum``) so they equal a plain loop bit for bit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -18,10 +19,10 @@ import torch
 
 from .agents import AgentParams
 from .batch import RolloutBatch
-from .config import BAND_CHANNELS, CHANNELS, LengthPenaltyConfig
+from .config import BAND_PARAMETERS, CHANNELS, LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
 from .groups import Bucket, GroupLayout
-from .metadata import METADATA_KEYS, GroupMetadata, merge_group_metadata
+from .metadata import METADATA_KEYS, PROFILED, GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
 from .terms import TermInputs, terms
@@ -41,7 +42,6 @@ METRIC_KEYS = (
     "length_penalty/pct_mixed",
     "length_penalty/pct_unscorable",
 )
-_BAND_PARAMETERS = ("group_length_penalty_profile_gate", *(f"profile_band_{ch}" for ch in BAND_CHANNELS))
 
 
 @dataclass
@@ -88,7 +88,7 @@ class _Shared:
 
 def _shared_inputs(batch: RolloutBatch, config: LengthPenaltyConfig, params: AgentParams) -> _Shared:
     """Read per-prompt metadata only when an agent uses it (§2.10, §2.12-2.14)."""
-    read_bands = params.uses(*_BAND_PARAMETERS)
+    read_bands = params.uses(*BAND_PARAMETERS)
     read_profiles = params.uses("profiled_length_penalty")
     layout = batch.layout
     prompts = batch.group_metadata() if read_bands or read_profiles else None
@@ -177,7 +177,7 @@ def _warn(
     shaped_groups: torch.Tensor,
     meta: GroupMetadata,
 ) -> None:
-    """The once-per-agent warnings of §2.4 and §2.12."""
+    """The once-per-agent warnings of §2.4 and §2.12, and the once-per-run one when no band can apply."""
     enabled = params["enabled"]
     for agent in params.agents_where(enabled & kinds.missing):
         config.warn_once(
@@ -193,6 +193,12 @@ def _warn(
             "they are left unshaped (docs/reference/length-penalties.md §2.4)",
             agent,
         )
+    if params.uses(*BAND_PARAMETERS):
+        flagged = any(bool(meta.invalid[key].any()) for key in METADATA_KEYS if key != PROFILED)
+        found = flagged or any(bool((~band[:, 0].isnan()).any()) for band in meta.bands.values())
+        warning = config.band_source_warning(found, "no prompt of the batch has a 'profile_band'")
+        if warning:
+            logging.getLogger("trl_length_plugin").warning(warning)
     for key in METADATA_KEYS:
         for agent in params.agents_where(meta.invalid[key] & shaped_groups):
             config.warn_once(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import RolloutBatch
-from .coefficient import LengthCoefficientResult, apply_length_coefficient
+from .coefficient import LengthCoefficientResult, apply_length_coefficient, finite_number
 from .config import LengthShapingConfig
 from .correctness import GroupKinds, classify_groups
 from .groups import GroupLayout
@@ -96,6 +96,7 @@ def shape_rollouts(
     optimizer step, for the coefficient's warm-up; ``coeff`` overrides the coefficient (a user schedule);
     ``shaping_weight``: the host's weight of the shaping in its total reward.
     """
+    shaping_weight = finite_number(shaping_weight, "shaping_weight")
     with single_threaded():
         layout, raw = batch.layout, batch.rewards.double()
         kinds = classify_groups(layout, raw, batch.multi_component)

@@ -28,6 +28,7 @@ from trl_length_plugin.shaping.config import (
     config_error,
     load_shaping_config,
 )
+from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -187,6 +188,7 @@ class LengthPluginGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        check_trl_keys({key: getattr(self, key) for key in TRL_KEYS})
         try:
             self.shaping: LengthShapingConfig = load_shaping_config(self._given(SHAPING_KEYS))
         except LengthConfigError as err:

@@ -51,20 +51,12 @@ def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
 
 
 def band_source_warning(config: LengthShapingConfig, columns: Sequence[str]) -> str | None:
-    """The setup warning when a profile gate or band is on but no band can be found anywhere (§2.12-2.13)."""
+    """The setup warning when a profile gate or band is on but no band can be found anywhere (the core's
+    rule, said once per run, §2.12-2.13)."""
     block = config.penalties
-    if block is None or "profile_band" in columns or block.global_bands:
+    if block is None:
         return None
-    params = [block.default, *(o for o in (block.agent_overrides or {}).values() if o is not None)]
-    names = ("group_length_penalty_profile_gate", *(f"profile_band_{ch}" for ch in BAND_CHANNELS))
-    used = sorted({name for p in params for name in names if getattr(p, name)})
-    if not used:
-        return None
-    return (
-        f"length_penalty: {', '.join(used)} is on but the dataset has no 'profile_band' column and "
-        "length_penalty.profile_band.defaults sets no band: the gate stays closed and no band applies "
-        "(docs/reference/length-penalties.md §2.12-2.13)"
-    )
+    return block.band_source_warning("profile_band" in columns, "the dataset has no 'profile_band' column")
 
 
 @lru_cache(maxsize=8)
