@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("verl")
 
 from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
-from verl_adapter.check import recipe_overrides  # noqa: E402
+from verl_adapter.check import CheckError, recipe_overrides  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RECIPES = RECIPES_DIR / "verl"
@@ -167,4 +167,33 @@ def test_bad_values_are_one_line_each():
         "needs actor_rollout_ref.actor.loss_agg_mode='seq-mean-token-sum' (verl aggregates the KL term with it; "
         "docs/reference/luspo.md §4.1), got 'token-mean'",
         f"{PROG}invalid length shaping config: length_penalty_coeff: Input should be greater than or equal to 0",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ("exec python3 -m verl.trainer.main_ppo a=1", "cannot be intercepted"),
+        ('PY=python3; "$PY" -m verl.trainer.main_ppo a=1', "no 'python3 -m verl.trainer.main_ppo' command"),
+    ],
+)
+def test_a_script_whose_command_cannot_be_intercepted_is_not_run(tmp_path, command, message):
+    script, ran = tmp_path / "run.sh", tmp_path / "ran"
+    script.write_text(f"touch {ran}\n{command}\n")
+    with pytest.raises(CheckError, match=message):
+        recipe_overrides(script, [])
+    assert not ran.exists()
+
+
+def test_a_script_is_read_after_shell_expansion(tmp_path):
+    """Variables, quoting, line continuations and the script's own arguments, as bash passes them."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "set -euo pipefail\nDIR=${DIR:-/data/my dir}\npython3 -m verl.trainer.main_ppo \\\n"
+        '    data.train_files="$DIR/train.parquet" \\\n    +length_penalty_coeff=0.5 "$@"\necho never\n'
+    )
+    assert recipe_overrides(script, ["trainer.total_epochs=2"]) == [
+        "data.train_files=/data/my dir/train.parquet",
+        "+length_penalty_coeff=0.5",
+        "trainer.total_epochs=2",
     ]

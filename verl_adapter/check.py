@@ -5,9 +5,9 @@ The config is the one ``python3 -m verl.trainer.main_ppo`` composes: verl's ``pp
 the run's overrides, given on the command line or read from a recipe script. A script is run with bash up to
 its ``python3 -m verl.trainer.main_ppo`` command, which a shell function replaces: the function records the
 arguments after shell expansion (variables, line continuations, ``"$@"``) and ends the script, so nothing
-trains. Then the checks the driver and the TaskRunner run before any worker starts: verl's own
-``validate_config`` (main_ppo's, before Ray), the plugin's load state (docs/reference/product.md §1.5), the
-length keys (docs/reference/length-penalties.md §2.1, docs/reference/length-coefficient.md §3), LUSPO's KL
+trains; a script whose text has no plain ``python3 -m verl.trainer.main_ppo`` (or ``python``) is not run.
+Then the checks the driver and the TaskRunner run before any worker starts: verl's own ``validate_config``
+(main_ppo's, before Ray), the length keys (docs/reference/length-penalties.md §2.1, docs/reference/length-coefficient.md §3), LUSPO's KL
 aggregation (docs/reference/luspo.md §4.1) and score centering with sampling and rollout correction
 (docs/reference/score-centering.md §5.5, §5.7, §5.8). A top-level key that is close to a plugin key but none
 of them (``+length_penalty_coef``) is named with the closest key. One line per error, exit code 2;
@@ -36,6 +36,8 @@ CONFIG_MODULE, CONFIG_NAME = "verl.trainer.config", "ppo_trainer"
 ENTRY = "verl.trainer.main_ppo"
 #: the key families whose own checks refuse an unknown member
 FAMILIES = ("length_penalty", "score_centering")
+#: the interpreter names whose ``-m verl.trainer.main_ppo`` a recipe check intercepts
+_PYTHON = "python3?"
 
 
 def _capture(python: str) -> str:
@@ -69,9 +71,14 @@ def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
     """The overrides ``script`` (run with ``extra`` as its arguments) passes to ``python3 -m verl.trainer.main_ppo``."""
     if not script.is_file():
         raise CheckError(f"{script}: no such recipe script")
-    if re.search(rf"\bexec\s+(\S*/)?python3?\s+-m\s+{re.escape(ENTRY)}\b", script.read_text()):
+    text = script.read_text()
+    if re.search(rf"\bexec\s+(\S*/)?{_PYTHON}\s+-m\s+{re.escape(ENTRY)}\b", text):
         raise CheckError(
             f"{script}: 'exec python3 -m {ENTRY}' cannot be intercepted; drop 'exec' or pass the overrides"
+        )
+    if not re.search(rf"(^|[\s;&|(]){_PYTHON}\s+-m\s+{re.escape(ENTRY)}\b", text, re.M):
+        raise CheckError(
+            f"{script}: no 'python3 -m {ENTRY}' command to intercept; pass the overrides instead"
         )
     with tempfile.TemporaryDirectory() as folder:
         captured = Path(folder) / "args"
@@ -85,13 +92,13 @@ def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
         if not captured.exists():
             said = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
             raise CheckError(f"{script}: ended without running python3 -m {ENTRY} ({said[0]})")
-        return [arg for arg in captured.read_text().split("\0")[:-1]]
+        return captured.read_text().split("\0")[:-1]
 
 
 def _quiet_import() -> None:
     """Import verl (its config module, ``validate_config``) and the checks, without verl's import-time warnings
     about engines a laptop lacks and without the ``verl.plugins`` entry points: the checks import the plugin's
-    config modules themselves, and the rest of it (the trainers, ~40% of the import time) is not needed."""
+    config modules themselves, and the rest of it (the trainers, a third of the import time) is not needed."""
     os.environ["VERL_USE_EXTERNAL_PLUGINS"] = "none"
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -112,7 +119,10 @@ def _close_key(override: str, base) -> str:
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(base, parent) if parent else base
     close = difflib.get_close_matches(leaf, [str(k) for k in node], n=1) if hasattr(node, "keys") else []
-    return f" (did you mean {'.'.join([*filter(None, [parent]), close[0]])!r}?)" if close else ""
+    if not close:
+        return ""
+    suggestion = f"{parent}.{close[0]}" if parent else close[0]
+    return f" (did you mean {suggestion!r}?)"
 
 
 def compose_config(overrides: list[str]):
