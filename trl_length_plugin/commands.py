@@ -4,6 +4,7 @@
 - ``trl-length recipes``: the recipes shipped with the package (``--config recipe:NAME``) and their paths.
 - ``trl-length profile``: per-prompt profiles and bands from a reference model's rollouts.
 - ``trl-length preview``: what a length-shaping config does to saved rollouts.
+- ``trl-length verl-check``: a verl run's overrides (or recipe script) checked without Ray or GPUs.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
         "trl_length_plugin.offline.preview_cli",
         "what a length-shaping config does to saved rollouts",
     ),
+    "verl-check": ("verl_adapter.check", "a verl recipe or overrides checked without Ray or GPUs"),
 }
 
 
