@@ -258,7 +258,7 @@ def test_help_lists_the_plugins_keys_first_then_trls(capsys):
     assert "--length_penalty flag replaces the recipe's whole length_penalty block" in help_text
     titles = [title for title, _ in cli_help.GROUPS]
     at = [out.index(f"\n{title}:\n") for title in titles]
-    assert at == sorted(at) and at[-1] < out.index(cli.TRL_KEYS.split()[0] + " keys (GRPOConfig")
+    assert at == sorted(at) and at[-1] < out.index(cli.TRL_HELP_HEADING.split()[0] + " keys (GRPOConfig")
     assert out.index("  --length_penalty_coeff  (float, default 0.0)") < out.index("--learning_rate")
     for key in cli_help.grouped_keys():
         assert len(re.findall(rf"^  --{key}\b", out, re.M)) == 1, key
