@@ -117,6 +117,30 @@ def _field(request: Any, name: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def _real(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+#: vLLM's ranges for the sampling filters, as finite-value rules (docs/reference/score-centering.md §5.2)
+SAMPLING_FILTER_RULES = {
+    "top_p": ("a finite number in (0, 1]", lambda v: _real(v) and 0 < v <= 1),
+    "min_p": ("a finite number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
+    "top_k": (
+        "a whole number: -1 or 0 (off) or >= 1",
+        lambda v: not isinstance(v, bool) and isinstance(v, int) and (v >= -1),
+    ),
+}
+
+
+def sampling_filter_error(name: str, value: Any) -> str | None:
+    """What is wrong with a sampling filter's value (``top_p``, ``min_p``, ``top_k``; None: unset or valid),
+    by vLLM's own ranges; every host checks its filter keys with it at load time."""
+    rule, valid = SAMPLING_FILTER_RULES[name]
+    if value is None or valid(value):
+        return None
+    return f"must be {rule}, got {value!r}"
+
+
 def validate_score_centering_request(
     request: Any,
     num_candidates: int,
@@ -134,7 +158,8 @@ def validate_score_centering_request(
     Rejects: non-empty ``logprob_token_ids`` (vLLM would return those ids, not its top-k head), a logprob
     count other than K, a non-positive or non-finite temperature, a logprobs mode other than
     ``processed_logprobs``/``raw_logprobs``, raw logprobs at a temperature other than 1 or with filters or
-    distribution-changing processors, top-k/top-p/min-p filters without sampler replay, and under replay a
+    distribution-changing processors, a filter value outside vLLM's range (:func:`sampling_filter_error`),
+    top-k/top-p/min-p filters without sampler replay, and under replay a
     ``top_k`` larger than K (the head must hold the kept set).
     """
     k = _num_candidates(num_candidates)
@@ -159,6 +184,10 @@ def validate_score_centering_request(
         )
     top_k, top_p = _field(request, "top_k", 0), _field(request, "top_p", 1.0)
     min_p = _field(request, "min_p", 0.0)
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        error = sampling_filter_error(name, value)
+        if error is not None:
+            raise ScoreCenteringCaptureError("sampling_filter", f"{name} {error}")
     active = {"top_k": top_k not in (0, -1), "top_p": top_p < 1.0, "min_p": min_p > 0.0}
     filters = {
         name: value for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)) if active[name]
