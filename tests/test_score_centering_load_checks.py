@@ -25,6 +25,7 @@ pytest.importorskip("verl")
 from omegaconf import open_dict  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 
+from tests.test_trl_cli import BLOCKED  # noqa: E402
 from tests.trl_length_helpers import MODES, K, sc_config, tiny_config  # noqa: E402
 from tests.verl_score_centering_helpers import MODES as VERL_MODES  # noqa: E402
 from tests.verl_score_centering_helpers import composed  # noqa: E402
@@ -36,11 +37,12 @@ from trl_length_plugin.losses.score_centering_config import (  # noqa: E402
     adaptive_ppo_clip_bounds,
     check_engine_cap,
     check_is_bounds,
+    sampling_filter_error,
 )
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer  # noqa: E402
 from trl_length_plugin.trl_integration.score_centering import _sampling  # noqa: E402
 from trl_length_plugin.trl_integration.vllm_topk import colocate_engine_kwargs  # noqa: E402
-from trl_length_plugin.vllm_capture import sampling_filter_error, validate_score_centering_request  # noqa: E402
+from trl_length_plugin.vllm_capture import validate_score_centering_request  # noqa: E402
 from verl_adapter.score_centering_config import (  # noqa: E402
     check_model_vocabulary,
     prepare_config,
@@ -206,6 +208,22 @@ CLI_BAD = {
     "sampling filters": (["--top_p", "nan"], "top_p: must be a finite number in (0, 1], got nan"),
     "sequence-level ratio": (["--importance_sampling_level", "sequence"], "importance_sampling_level: 'sequence' uses a per-sequence"),
 }  # fmt: skip
+
+
+def test_cli_refuses_a_sampling_filter_before_trl_is_imported(tmp_path):
+    """With TRL, torch and transformers unimportable (the value alone decides), flag and recipe alike."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("min_p: .nan\n")
+    for argv, line in (
+        (["--top_p", "1.5"], "top_p: must be a finite number in (0, 1], got 1.5"),
+        (["--config", str(recipe)], "min_p: must be a finite number in [0, 1], got nan"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-c", BLOCKED, "grpo", *argv], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 2 and done.stderr.strip() == f"trl-length-grpo: error: {line}", done.stderr[
+            -2000:
+        ]
 
 
 @pytest.mark.parametrize("case", list(CLI_BAD))

@@ -31,6 +31,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from trl_length_plugin.losses.score_centering_config import sampling_filter_error
+
 MAX_LOGPROB = 1e-5
 MAX_HEAD_MASS = 1.0001
 _INT32_MAX = np.iinfo(np.int32).max
@@ -115,30 +117,6 @@ def build_score_centering_request_overrides(
 def _field(request: Any, name: str, default: Any = None) -> Any:
     value = request.get(name) if isinstance(request, Mapping) else getattr(request, name, None)
     return default if value is None else value
-
-
-def _real(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
-#: vLLM's ranges for the sampling filters, as finite-value rules (docs/reference/score-centering.md §5.2)
-SAMPLING_FILTER_RULES = {
-    "top_p": ("a finite number in (0, 1]", lambda v: _real(v) and 0 < v <= 1),
-    "min_p": ("a finite number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
-    "top_k": (
-        "a whole number: -1 or 0 (off) or >= 1",
-        lambda v: not isinstance(v, bool) and isinstance(v, int) and (v >= -1),
-    ),
-}
-
-
-def sampling_filter_error(name: str, value: Any) -> str | None:
-    """What is wrong with a sampling filter's value (``top_p``, ``min_p``, ``top_k``; None: unset or valid),
-    by vLLM's own ranges; every host checks its filter keys with it at load time."""
-    rule, valid = SAMPLING_FILTER_RULES[name]
-    if value is None or valid(value):
-        return None
-    return f"must be {rule}, got {value!r}"
 
 
 def validate_score_centering_request(

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
 from trl_length_plugin.losses.score_centering_config import (
+    SAMPLING_FILTER_RULES,
     SCORE_CENTERING_KEYS,
     ScoreCenteringConfig,
     ScoreCenteringPlanBase,
@@ -38,14 +39,10 @@ from trl_length_plugin.losses.score_centering_config import (
     check_is_bounds,
     check_top_k_vocabulary,
     refuse_sequence_ratio,
+    sampling_filter_error,
 )
 from trl_length_plugin.shaping.config import config_error
-from trl_length_plugin.vllm_capture import (
-    SAMPLING_FILTER_RULES,
-    ScoreCenteringCaptureError,
-    sampling_filter_error,
-    validate_score_centering_request,
-)
+from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 from .length_config import _plain
 

@@ -160,6 +160,30 @@ def refuse_sequence_ratio(setting: str) -> NoReturn:
     )
 
 
+def _real(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+#: vLLM's ranges for the sampling filters, as finite-value rules (reference §5.5)
+SAMPLING_FILTER_RULES = {
+    "top_p": ("a finite number in (0, 1]", lambda v: _real(v) and 0 < v <= 1),
+    "min_p": ("a finite number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
+    "top_k": (
+        "a whole number: -1 or 0 (off) or >= 1",
+        lambda v: not isinstance(v, bool) and isinstance(v, int) and (v >= -1),
+    ),
+}
+
+
+def sampling_filter_error(name: str, value) -> str | None:
+    """What is wrong with a sampling filter's value (``top_p``, ``min_p``, ``top_k``; None: unset or valid),
+    by vLLM's own ranges; every host checks its filter keys with it at load time."""
+    rule, valid = SAMPLING_FILTER_RULES[name]
+    if value is None or valid(value):
+        return None
+    return f"must be {rule}, got {value!r}"
+
+
 @dataclass(frozen=True)
 class ScoreCenteringPlanBase:
     """What every host resolves (reference §5.5, §5.7): K, the mode and its bounds (adaptive-ppo-clip: (lo, hi)

@@ -32,6 +32,7 @@ from trl_length_plugin.losses.score_centering import (
     score_centering_metrics,
 )
 from trl_length_plugin.losses.score_centering_config import (
+    SAMPLING_FILTER_RULES,
     ScoreCenteringPlanBase,
     adaptive_ppo_clip_bounds,
     check_clip_keys,
@@ -39,16 +40,12 @@ from trl_length_plugin.losses.score_centering_config import (
     check_is_bounds,
     check_top_k_vocabulary,
     refuse_sequence_ratio,
+    sampling_filter_error,
 )
 from trl_length_plugin.trl_integration import vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
-from trl_length_plugin.vllm_capture import (
-    SAMPLING_FILTER_RULES,
-    ScoreCenteringCaptureError,
-    sampling_filter_error,
-    validate_score_centering_request,
-)
+from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
