@@ -39,7 +39,7 @@ BAD = [
     (["+score_centering_adaptive_target=0.5"], "score_centering_adaptive_target: a key of the adaptive"),
     (["+score_centering_importance_sampling=adaptive-ppo-clip"], "adaptive-ppo-clip needs force_on_policy_ratio"),
     (MODES["adaptive-ppo-clip"] + ["+score_centering_adaptive_outer_bound=1.1"],
-     "score_centering_adaptive_outer_bound: must be above hi = 1 + actor.clip_ratio_high = 1.2"),
+     "score_centering_adaptive_outer_bound: must be above hi = 1 + actor_rollout_ref.actor.clip_ratio_high = 1.2"),
     (MODES["adaptive-ppo-clip"] + ["actor_rollout_ref.actor.clip_ratio_low=1.5"],
      "actor_rollout_ref.actor.clip_ratio_low: adaptive-ppo-clip's lower bound lo = 1 - "),
     (MODES["adaptive-ppo-clip"] + ["actor_rollout_ref.actor.clip_ratio=1.5", "actor_rollout_ref.actor.clip_ratio_low=null"],

@@ -44,8 +44,8 @@ V, K = 23, 4
 PROMPT_LENS, RESPONSE_LENS = [3, 2, 4, 2], [5, 1, 3, 4]
 BASES = {
     "vanilla": [],
-    "luspo": ["actor_rollout_ref.actor.policy_loss.loss_mode=luspo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"],
-    "gspo": ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"],
+    "cispo": ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"],
+    "sapo": ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],  # its own seq-mean-token-mean
 }  # fmt: skip
 
 
@@ -177,7 +177,7 @@ def test_hand_computed_off_mode_on_one_token():
 def test_micro_batch_and_data_parallel_splits_match_the_full_batch():
     """verl's global normalization makes the sum of micro-batch losses (and the DP-averaged gradient) the
     full batch's, for A * C too; the metrics' SUM shares add up to the full batch's means."""
-    for base in ("vanilla", "luspo"):
+    for base in ("vanilla", "cispo"):
         settings, actor, _ = settings_and_actor(MODES["tis"] + BASES[base])
         rollouts = make_rollouts(PROMPT_LENS, RESPONSE_LENS, V, K, seed=3)
         logits = torch.randn(
@@ -247,8 +247,6 @@ def test_adaptive_counts_are_the_global_clipped_fraction():
     ("name", "per_token"),
     [
         ("vanilla", lambda a, lp, cfg: -a),
-        ("gspo", lambda a, lp, cfg: -a),
-        ("luspo", lambda a, lp, cfg: -a),
         ("sapo", lambda a, lp, cfg: sapo_gate_at_ratio_one(a, cfg)),
         ("gpg", lambda a, lp, cfg: -lp * a),
     ],

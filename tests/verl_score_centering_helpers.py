@@ -27,7 +27,7 @@ from verl_adapter.score_centering_config import resolve_settings
 from verl_adapter.score_centering_loss import HOOK_FLAGS
 from verl_adapter.score_centering_trainer import worker_actor_config
 
-#: a config that passes the TaskRunner checks (the model path is never read by them)
+#: a config that passes the TaskRunner checks (the vocabulary check skips a model path it cannot read)
 BASE_OVERRIDES = [
     "actor_rollout_ref.rollout.name=vllm",
     "actor_rollout_ref.model.path=/nonexistent/model",

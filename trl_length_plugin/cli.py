@@ -38,7 +38,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trl_length_plugin import __version__
 from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
 from trl_length_plugin.cli_help import grouped_keys, plugin_help
-from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
+from trl_length_plugin.losses.score_centering_config import (
+    SCORE_CENTERING_KEYS,
+    ScoreCenteringConfig,
+    sampling_filter_error,
+)
 from trl_length_plugin.recipes import resolve_config
 from trl_length_plugin.shaping.config import (
     SHAPING_KEYS,
@@ -86,6 +90,8 @@ class PluginKeys(BaseModel):
 
 #: every key of the plugin, validated before TRL is imported
 PLUGIN_KEYS = (*SHAPING_KEYS, *SCORE_CENTERING_KEYS, *PluginKeys.model_fields)
+#: TRL's sampling filters and how its parser reads a flag's value
+SAMPLING_FILTERS = {"top_p": float, "min_p": float, "top_k": int}
 #: the prefixes of the plugin's keys; TRL has no key that starts with one (the verl adapter's rule too)
 PREFIXES = ("length_penalty", "score_centering")
 
@@ -196,7 +202,25 @@ def read_command_line(argv: list[str]) -> CommandLine:
             model.model_validate({key: value for key, value in values.items() if key in model.model_fields})
     except ValidationError as err:
         raise ValueError(config_error(err)) from None
+    check_sampling_filters(command)
     return command
+
+
+def check_sampling_filters(command: CommandLine) -> None:
+    """TRL's sampling filters as written, in vLLM's ranges (docs/reference/score-centering.md §5.5): the value
+    alone decides. A flag is read as TRL's parser reads it; one that parser cannot read is left to it."""
+    for name, kind in SAMPLING_FILTERS.items():
+        if name not in command.written:
+            continue
+        value = command.value(name)
+        if name in command.flags:
+            try:
+                value = kind(value)
+            except (TypeError, ValueError):
+                continue
+        error = sampling_filter_error(name, value)
+        if error is not None:
+            raise ValueError(f"{name}: {error}")
 
 
 def show_plugin_logs(command: CommandLine) -> None:

@@ -31,6 +31,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from trl_length_plugin.losses.score_centering_config import sampling_filter_error
+
 MAX_LOGPROB = 1e-5
 MAX_HEAD_MASS = 1.0001
 _INT32_MAX = np.iinfo(np.int32).max
@@ -134,7 +136,8 @@ def validate_score_centering_request(
     Rejects: non-empty ``logprob_token_ids`` (vLLM would return those ids, not its top-k head), a logprob
     count other than K, a non-positive or non-finite temperature, a logprobs mode other than
     ``processed_logprobs``/``raw_logprobs``, raw logprobs at a temperature other than 1 or with filters or
-    distribution-changing processors, top-k/top-p/min-p filters without sampler replay, and under replay a
+    distribution-changing processors, a filter value outside vLLM's range (:func:`sampling_filter_error`),
+    top-k/top-p/min-p filters without sampler replay, and under replay a
     ``top_k`` larger than K (the head must hold the kept set).
     """
     k = _num_candidates(num_candidates)
@@ -159,6 +162,10 @@ def validate_score_centering_request(
         )
     top_k, top_p = _field(request, "top_k", 0), _field(request, "top_p", 1.0)
     min_p = _field(request, "min_p", 0.0)
+    for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
+        error = sampling_filter_error(name, value)
+        if error is not None:
+            raise ScoreCenteringCaptureError("sampling_filter", f"{name} {error}")
     active = {"top_k": top_k not in (0, -1), "top_p": top_p < 1.0, "min_p": min_p > 0.0}
     filters = {
         name: value for name, value in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)) if active[name]

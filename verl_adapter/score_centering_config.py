@@ -13,7 +13,10 @@ float threshold u (verl's TIS, clamped above only) gives ``tis`` in [0, u]; with
 tokens out of the loss), batch-normalized weights and bypass mode are rejected. ``is`` and
 ``adaptive-ppo-clip`` have no verl mode: they need ``rollout_is=null`` and the plugin writes the sampled-token
 weights itself (the untruncated ratio; adaptive-ppo-clip's filter with lo = 1 - ``actor.clip_ratio_low``,
-hi = 1 + ``actor.clip_ratio_high``).
+hi = 1 + ``actor.clip_ratio_high``). Every bound is checked as the core's loss and controller would check it
+(``check_is_bounds``, ``adaptive_ppo_clip_bounds``); base losses whose ratio is per sequence
+(:data:`SEQUENCE_RATIO_LOSS_MODES`) are refused; the rollout's sampling filters are checked against vLLM's
+ranges with or without score centering (:func:`check_sampling_filters`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,22 @@ from pydantic import ValidationError
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
 from trl_length_plugin.losses.score_centering_config import (
+    SAMPLING_FILTER_RULES,
     SCORE_CENTERING_KEYS,
     ScoreCenteringConfig,
     ScoreCenteringPlanBase,
     adaptive_ppo_clip_bounds,
+    check_clip_keys,
+    check_engine_cap,
+    check_is_bounds,
+    check_top_k_vocabulary,
+    refuse_sequence_ratio,
+    sampling_filter_error,
 )
 from trl_length_plugin.shaping.config import config_error
 from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 from .length_config import _plain
-from .luspo import LUSPO_AGG_MODE
 
 #: the agent-loop manager that carries the sampler's heads into TransferQueue (set when unset)
 MANAGER_CLASS = "verl_adapter.score_centering_rollout.ScoreCenteringAgentLoopManager"
@@ -47,15 +56,18 @@ BASE_LOSS_AGGREGATION: dict[str, str | None] = {
     "vanilla": None,
     "dppo_tv": None,
     "dppo_kl": None,
-    "gspo": None,
     "gpg": None,
     "clip_cov": None,
     "kl_cov": None,
     "dro": None,
     "cispo": None,
     "sapo": "seq-mean-token-mean",
-    "luspo": LUSPO_AGG_MODE,
 }
+#: the registered policy losses whose importance ratio is per sequence (GSPO, GMPO's geometric mean, the
+#: plugin's LUSPO): refused with score centering (docs/reference/score-centering.md §5.5)
+SEQUENCE_RATIO_LOSS_MODES = ("gspo", "geo_mean", "luspo")
+#: the actor's clip keys, finite under score centering
+CLIP_KEYS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
 #: the key under which the worker loss runs the wrapper; the user keeps their own base loss mode
 LOSS_MODE = "score_centering"
 
@@ -118,10 +130,15 @@ def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
         raise ValueError(
             f"{key}.rollout_is_batch_normalize: batch-normalized weights match no score-centering mode; set it false"
         )
-    upper, lower = _parse_rollout_is_threshold(correction.get("rollout_is_threshold", 2.0))
+    try:
+        upper, lower = _parse_rollout_is_threshold(correction.get("rollout_is_threshold", 2.0))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{key}.rollout_is_threshold: {err}") from None
     if not math.isfinite(upper):
         raise ValueError(f"{key}.rollout_is_threshold: needs a finite upper bound, got {upper}")
-    return ("tis", (0.0, upper)) if lower is None else ("icepop", (lower, upper))
+    threshold = f"{key}.rollout_is_threshold"
+    bounds = check_is_bounds(0.0 if lower is None else lower, upper, threshold, threshold)
+    return ("tis", bounds) if lower is None else ("icepop", bounds)
 
 
 def _mode(
@@ -154,8 +171,10 @@ def _mode(
         low, low_key = (
             (clip, key) if actor.get("clip_ratio_low") is None else (actor.clip_ratio_low, f"{key}_low")
         )
-        high = actor.get("clip_ratio_high") if actor.get("clip_ratio_high") is not None else clip
-        return mode, *adaptive_ppo_clip_bounds(shared, low, high, low_key, "actor.clip_ratio_high")
+        high, high_key = (
+            (clip, key) if actor.get("clip_ratio_high") is None else (actor.clip_ratio_high, f"{key}_high")
+        )
+        return mode, *adaptive_ppo_clip_bounds(shared, low, high, low_key, high_key)
     return mode, bounds, None
 
 
@@ -180,17 +199,24 @@ def _check_rollout(rollout: DictConfig, top_k: int) -> None:
         )
     _check_sampling(rollout, top_k)
     cap = ((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs")
-    if cap is not None and cap != -1 and cap < top_k:
-        raise ValueError(
-            f"{key}.engine_kwargs.vllm.max_logprobs: {cap} is below score_centering_top_k={top_k}; raise it, use -1 "
-            "(no cap) or leave it unset"
-        )
+    check_engine_cap(_plain(cap), top_k, f"{key}.engine_kwargs.vllm.max_logprobs")
     manager = (rollout.get("agent") or {}).get("agent_loop_manager_class")
     if manager not in (None, MANAGER_CLASS):
         raise ValueError(
             f"{key}.agent.agent_loop_manager_class: score centering carries the sampler's heads with {MANAGER_CLASS}; "
             f"got {manager!r} (leave it unset)"
         )
+
+
+def check_sampling_filters(rollout: DictConfig) -> None:
+    """The rollout's sampling filters (training and ``val_kwargs``) in vLLM's ranges, with or without score
+    centering (docs/reference/score-centering.md §5.2): a NaN or out-of-range value fails only in vLLM."""
+    key = "actor_rollout_ref.rollout"
+    for prefix, keys in ((key, rollout), (f"{key}.val_kwargs", rollout.get("val_kwargs") or {})):
+        for name in SAMPLING_FILTER_RULES:
+            error = sampling_filter_error(name, _plain(keys.get(name)))
+            if error is not None:
+                raise ValueError(f"{prefix}.{name}: {error}")
 
 
 def _check_sampling(rollout: DictConfig, top_k: int) -> None:
@@ -245,6 +271,9 @@ def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str,
             "distillation.enabled: on-policy distillation and score centering both need the actor's logits hook"
         )
     base = (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
+    if base in SEQUENCE_RATIO_LOSS_MODES:
+        refuse_sequence_ratio(f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}")
+    check_clip_keys({f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS})
     if base not in BASE_LOSS_AGGREGATION:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "
@@ -270,8 +299,9 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
     if (config.actor_rollout_ref.actor.get("policy_loss") or {}).get("loss_mode") == LOSS_MODE:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: {LOSS_MODE!r} is set by the plugin; keep your own "
-            "loss mode (vanilla, gspo, luspo, ...) and add +score_centering=true"
+            "token-level loss mode (vanilla, sapo, cispo, ...) and add +score_centering=true"
         )
+    check_sampling_filters(config.actor_rollout_ref.rollout)
     if not shared.enabled:
         return None
     top_k = shared.score_centering_top_k
@@ -287,6 +317,23 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
         base_loss_mode=base,
         base_aggregation=aggregation,
     )
+
+
+def check_model_vocabulary(config: DictConfig, settings: ScoreCenteringSettings) -> None:
+    """K against the vocabulary of ``actor_rollout_ref.model.path`` (its ``config.json`` only, in the TaskRunner
+    before any worker starts); skipped when no config can be read there (the workers then fail loading it)."""
+    from transformers import AutoConfig
+
+    model = config.actor_rollout_ref.model
+    try:
+        hf_config = AutoConfig.from_pretrained(
+            model.path, trust_remote_code=model.get("trust_remote_code", False)
+        )
+    except (OSError, ValueError):
+        return
+    vocab_size = getattr(hf_config.get_text_config(), "vocab_size", None)
+    if vocab_size is not None:
+        check_top_k_vocabulary(settings.top_k, vocab_size)
 
 
 def prepare_config(config: DictConfig, settings: ScoreCenteringSettings) -> None:

@@ -13,7 +13,7 @@ marks each update's micro-batches with verl's top-k logits hook (``distillation_
    token's logprob *is* ``log_probs``. The sampler fields are token-aligned (row j holds the head of token j,
    zero outside the generated tokens) and rolled by one like verl's labels;
 2. as the loss: verl's own ``ppo_loss`` with ``policy_loss.loss_mode=score_centering``, whose registered
-   function runs the configured base loss (vanilla, gspo, luspo, ...) with verl's ``rollout_is_weights``, or
+   function runs the configured base loss (vanilla, sapo, cispo, ...) with verl's ``rollout_is_weights``, or
    the plugin's own weights under ``is``/``adaptive-ppo-clip``, and adds ``A * C`` aggregated like the base
    (its ``loss_agg_mode``, verl's global token and sequence counts). The §5.6 metrics and the
    adaptive-ppo-clip counts are global means (``AggregationType.SUM`` over micro-batches of

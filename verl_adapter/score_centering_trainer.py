@@ -5,7 +5,7 @@
 ``colocate_async``, ``separate_async``); with no ``score_centering`` key it does nothing.
 
 - ``__init__`` (verl's TaskRunner, before ``init()`` starts any worker) validates the keys against verl's
-  config (errors name the key), checks verl's vLLM server, registers the capturing replica as ``"vllm"`` in
+  config (errors name the key) and K against the model's vocabulary (its ``config.json``), checks verl's vLLM server, registers the capturing replica as ``"vllm"`` in
   verl's ``RolloutReplicaRegistry``, sets the agent-loop manager that carries the heads and the engine's
   ``max_logprobs``, and logs what runs.
 - ``on_init_end`` gives the actor workers the score-centering loss (``set_loss_fn``, with a copy of the actor
@@ -34,7 +34,13 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from trl_length_plugin.losses.adaptive_controller import STATE_FILE, AdaptiveClipController
 
-from .score_centering_config import LOSS_MODE, prepare_config, resolve_settings, score_centering_config
+from .score_centering_config import (
+    LOSS_MODE,
+    check_model_vocabulary,
+    prepare_config,
+    resolve_settings,
+    score_centering_config,
+)
 from .score_centering_host import check_vllm_server
 from .score_centering_loss import ADAPTIVE_K, CLIPPED, HOOK_FLAGS, POSITIVE, score_centering_ppo_loss
 
@@ -64,6 +70,7 @@ class ScoreCenteringMixin:
         self.score_centering = resolve_settings(config)
         self.score_centering_controller = None
         if self.score_centering is not None:
+            check_model_vocabulary(config, self.score_centering)
             register_capturing_replica()
             prepare_config(config, self.score_centering)
             self._score_centering_actor = worker_actor_config(config)

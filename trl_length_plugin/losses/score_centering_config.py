@@ -9,8 +9,9 @@ resolved plan holds. Needs only pydantic.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NoReturn
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
@@ -81,15 +82,43 @@ class ScoreCenteringConfig(BaseModel):
 SCORE_CENTERING_KEYS = tuple(ScoreCenteringConfig.model_fields)
 
 
+def _finite(value, key: str) -> float:
+    """A real, finite number (not a boolean), else an error naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key}: must be a finite number, got {value!r}")
+    return float(value)
+
+
+def check_is_bounds(low, high, low_key: str, high_key: str) -> tuple[float, float]:
+    """tis/icepop's bounds ``(lo, hi)``, checked at load time (reference §5.5): finite with ``0 <= lo < hi``
+    (``hi <= lo`` would clip every ratio to one value or mask every token, so the term vanishes)."""
+    lo, hi = _finite(low, low_key), _finite(high, high_key)
+    if lo < 0:
+        raise ValueError(f"{low_key}: the importance-sampling lower bound must be >= 0, got {lo:g}")
+    if hi <= lo:
+        raise ValueError(
+            f"{high_key}: the importance-sampling upper bound must be above {low_key} = {lo:g}, got {hi:g}"
+        )
+    return lo, hi
+
+
 def adaptive_ppo_clip_bounds(
     config: ScoreCenteringConfig, low: float, high: float, low_key: str, high_key: str
 ) -> tuple[tuple[float, float], float]:
     """adaptive-ppo-clip's ``(lo, hi) = (1 - low, 1 + high)`` from a host's clip keys and the outer bound
-    (reference §5.7), checked at load time: ``lo >= 0`` and an outer bound above hi (errors name the key)."""
-    lo, hi = 1.0 - low, 1.0 + high
+    (reference §5.7), checked at load time for every k the controller can reach: finite keys, ``lo >= 0``,
+    ``hi + k_min > lo`` and an outer bound above hi (errors name the key)."""
+    lo, hi = 1.0 - _finite(low, low_key), 1.0 + _finite(high, high_key)
     if lo < 0:
         raise ValueError(
             f"{low_key}: adaptive-ppo-clip's lower bound lo = 1 - {low_key} must be >= 0, got {lo:g}"
+        )
+    k_min = config.score_centering_adaptive_k_min
+    if hi + k_min <= lo:
+        key = "score_centering_adaptive_k_min" if k_min < 0 else high_key
+        raise ValueError(
+            f"{key}: adaptive-ppo-clip needs hi + k_min > lo at every k the controller reaches, got "
+            f"hi = 1 + {high_key} = {hi:g}, k_min = {k_min:g}, lo = 1 - {low_key} = {lo:g}"
         )
     outer = config.score_centering_adaptive_outer_bound
     if outer <= hi:
@@ -97,6 +126,62 @@ def adaptive_ppo_clip_bounds(
             f"score_centering_adaptive_outer_bound: must be above hi = 1 + {high_key} = {hi}, got {outer}"
         )
     return (lo, hi), outer
+
+
+def check_clip_keys(values: dict[str, float | None]) -> None:
+    """The base loss's clip keys a host passes (None: unset) must be finite numbers under score centering."""
+    for key, value in values.items():
+        if value is not None:
+            _finite(value, key)
+
+
+def check_top_k_vocabulary(top_k: int, vocab_size: int) -> None:
+    """K is at most the model's vocabulary size (reference §5.5); checked when the host knows the model."""
+    if top_k > vocab_size:
+        raise ValueError(f"score_centering_top_k: {top_k} is above the model's vocabulary size {vocab_size}")
+
+
+def check_engine_cap(cap, top_k: int, key: str) -> None:
+    """A ``max_logprobs`` the config sets (None: unset) is an integer, -1 (no cap) or at least K."""
+    if cap is None:
+        return
+    if isinstance(cap, bool) or not isinstance(cap, int):
+        raise ValueError(f"{key}: expected an integer (-1: no cap), got {cap!r}")
+    if cap != -1 and cap < top_k:
+        raise ValueError(f"{key}: {cap} is below score_centering_top_k={top_k}; raise it or use -1 (no cap)")
+
+
+def refuse_sequence_ratio(setting: str) -> NoReturn:
+    """Score centering's correction is per token: a base loss whose importance ratio is per sequence (GSPO,
+    LUSPO, ...) is refused at load; ``setting`` is the host's ``key: value`` (reference §5.5)."""
+    raise ValueError(
+        f"{setting} uses a per-sequence importance ratio, which score_centering: true does not support (the "
+        "correction is per token); use a token-level base loss or set score_centering: false"
+    )
+
+
+def _real(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+#: vLLM's ranges for the sampling filters, as finite-value rules (reference §5.5)
+SAMPLING_FILTER_RULES = {
+    "top_p": ("a finite number in (0, 1]", lambda v: _real(v) and 0 < v <= 1),
+    "min_p": ("a finite number in [0, 1]", lambda v: _real(v) and 0 <= v <= 1),
+    "top_k": (
+        "a whole number: -1 or 0 (off) or >= 1",
+        lambda v: not isinstance(v, bool) and isinstance(v, int) and (v >= -1),
+    ),
+}
+
+
+def sampling_filter_error(name: str, value) -> str | None:
+    """What is wrong with a sampling filter's value (``top_p``, ``min_p``, ``top_k``; None: unset or valid),
+    by vLLM's own ranges; every host checks its filter keys with it at load time."""
+    rule, valid = SAMPLING_FILTER_RULES[name]
+    if value is None or valid(value):
+        return None
+    return f"must be {rule}, got {value!r}"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, i
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -30,7 +31,17 @@ from trl_length_plugin.losses.score_centering import (
     sampled_token_weights_from_logprobs,
     score_centering_metrics,
 )
-from trl_length_plugin.losses.score_centering_config import ScoreCenteringPlanBase, adaptive_ppo_clip_bounds
+from trl_length_plugin.losses.score_centering_config import (
+    SAMPLING_FILTER_RULES,
+    ScoreCenteringPlanBase,
+    adaptive_ppo_clip_bounds,
+    check_clip_keys,
+    check_engine_cap,
+    check_is_bounds,
+    check_top_k_vocabulary,
+    refuse_sequence_ratio,
+    sampling_filter_error,
+)
 from trl_length_plugin.trl_integration import vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
@@ -38,6 +49,10 @@ from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
+#: TRL's ``vllm_importance_sampling_mode`` values (``GRPOConfig``'s documented options)
+TRL_IS_MODES = (*TOKEN_MODES, *SEQUENCE_MODES)
+#: TRL loss types whose importance ratio is per sequence whatever ``importance_sampling_level`` says
+SEQUENCE_RATIO_LOSS_TYPES = ("luspo", "vespo")
 #: generation_kwargs that would change what vLLM returns for the head
 CAPTURE_KWARGS = ("logprobs", "prompt_logprobs", "logprob_token_ids", "flat_logprobs", "detokenize")
 logger = logging.getLogger("trl_length_plugin")
@@ -63,10 +78,37 @@ def _sampling(args) -> dict:
     return {name: kwargs.get(name, getattr(args, name)) for name in names}
 
 
+def check_sampling_filters(args) -> None:
+    """TRL's sampling filters and their ``generation_kwargs`` overrides in vLLM's ranges, with or without score
+    centering (reference §5.2): a NaN or out-of-range value would fail only in vLLM, after the model loads."""
+    kwargs = args.generation_kwargs or {}
+    for name in SAMPLING_FILTER_RULES:
+        for key, value in ((name, getattr(args, name)), (f"generation_kwargs.{name}", kwargs.get(name))):
+            error = sampling_filter_error(name, value)
+            if error is not None:
+                raise ValueError(f"{key}: {error}")
+
+
+def _check_token_ratio(args) -> None:
+    """The base loss's importance ratio must be per token (reference §5.5): no LUSPO, VESPO or GSPO."""
+    if args.luspo:
+        refuse_sequence_ratio("luspo: true")
+    if args.loss_type in SEQUENCE_RATIO_LOSS_TYPES:
+        refuse_sequence_ratio(f"loss_type: {args.loss_type!r}")
+    if args.importance_sampling_level == "sequence":
+        refuse_sequence_ratio("importance_sampling_level: 'sequence'")
+
+
 def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
     """The mode, its bounds and the outer bound from TRL's importance-sampling keys (reference §5.5, §5.7)."""
     wanted = config.score_centering_importance_sampling
     correction, trl_mode = args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode
+    if trl_mode not in TRL_IS_MODES:
+        close = difflib.get_close_matches(str(trl_mode).lower(), TRL_IS_MODES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"vllm_importance_sampling_mode: {trl_mode!r} is not one of {', '.join(TRL_IS_MODES)}{hint}"
+        )
     if correction and trl_mode in SEQUENCE_MODES:
         raise ValueError(
             f"vllm_importance_sampling_mode: {trl_mode!r} (TRL's default) is sequence-level; score centering needs "
@@ -91,12 +133,18 @@ def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
             f"{'token_truncate' if mode == 'tis' else 'token_mask'}, got {trl_mode!r}"
         )
     if mode in ("tis", "icepop"):
-        low, high = args.vllm_importance_sampling_clip_min or 0.0, args.vllm_importance_sampling_clip_max
-        if high is None or not math.isfinite(high):
+        low, high = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
+        if high is None or (isinstance(high, float) and not math.isfinite(high)):
             raise ValueError(
                 f"vllm_importance_sampling_clip_max: {mode} needs a finite upper bound, got {high}"
             )
-        return mode, (low, high), None
+        bounds = check_is_bounds(
+            0.0 if low is None else low,
+            high,
+            "vllm_importance_sampling_clip_min",
+            "vllm_importance_sampling_clip_max",
+        )
+        return mode, bounds, None
     if mode == "adaptive-ppo-clip":
         high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
         return mode, *adaptive_ppo_clip_bounds(config, args.epsilon, high, "epsilon", "epsilon_high")
@@ -105,10 +153,16 @@ def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
 
 def resolve_plan(args) -> ScoreCenteringPlan | None:
     """Check the config and resolve the plan (None when score centering is off); every error names a key."""
+    check_sampling_filters(args)
     config = args.score_centering_config
     if not config.enabled:
         return None
     top_k = config.score_centering_top_k
+    _check_token_ratio(args)
+    check_clip_keys({"epsilon": args.epsilon, "epsilon_high": args.epsilon_high})
+    check_engine_cap(
+        (args.vllm_engine_kwargs or {}).get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
+    )
     if not args.use_vllm:
         raise ValueError("score_centering: needs use_vllm: true (the sampler's head comes from vLLM)")
     if args.max_tool_calling_iterations is not None:
@@ -149,6 +203,21 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
     return ScoreCenteringPlan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay=replay)
 
 
+def _vocabulary_size(model, init_kwargs: dict) -> int | None:
+    """The model's vocabulary size before its weights load: from its config (for a path or Hub name, only
+    ``config.json`` is read); None when no config can be read (loading the model then fails on its own)."""
+    config = getattr(model, "config", None)
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        options = {key: init_kwargs[key] for key in ("revision", "trust_remote_code") if key in init_kwargs}
+        try:
+            config = AutoConfig.from_pretrained(model, **options)
+        except (OSError, ValueError):
+            return None
+    return getattr(config.get_text_config(), "vocab_size", None) if config is not None else None
+
+
 class ScoreCenteringMixin:
     """The trainer side of score centering; in front of ``GRPOTrainer`` in the MRO. ``_score_plan`` is the
     resolved plan (None: every hook passes through)."""
@@ -157,13 +226,17 @@ class ScoreCenteringMixin:
     _controller: AdaptiveClipController | None = None
 
     # -- setup --------------------------------------------------------------------------------------------
-    def _check_score_centering_inputs(self, kwargs: dict) -> None:
-        """Before the model loads: what the trainer's arguments alone decide."""
+    def _check_score_centering_inputs(self, model, args, kwargs: dict) -> None:
+        """Before the model loads: what the trainer's arguments and the model's config decide."""
         for name in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(name) is not None:
                 raise ValueError(
                     f"score_centering: {name} is not supported (the sampler's head comes from vLLM)"
                 )
+        init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else {}
+        vocab_size = _vocabulary_size(model, init_kwargs)
+        if vocab_size is not None:
+            check_top_k_vocabulary(self._score_plan.top_k, vocab_size)
 
     def _install_score_centering(self) -> None:
         """After ``GRPOTrainer.__init__``: capture, the top-k head, the server check, the controller."""

@@ -156,7 +156,7 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             self._check_setup(args, funcs, train_dataset, kwargs.get("environment_factory"))
         self._score_plan = args.score_centering_plan
         if self._score_plan is not None:
-            self._check_score_centering_inputs(kwargs)
+            self._check_score_centering_inputs(model, args, kwargs)
         callbacks = list(callbacks or [])
         if args.length_curves_png:
             callbacks.append(LengthPluginCallback(curves_png=True))

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from trl_length_plugin.losses.score_centering_config import check_engine_cap
 from trl_length_plugin.vllm_capture import (
     ScoreCenteringCaptureError,
     extract_flat_score_centering_samples,
@@ -51,13 +52,8 @@ def colocate_engine_kwargs(user: dict[str, Any], top_k: int) -> dict[str, Any]:
     centering (``top_k`` > 0), a logprob cap that admits K (vLLM's default is 20; -1, no cap, is kept)."""
     extra = dict(user)
     if top_k:
-        cap = extra.get("max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS)
-        if cap != -1 and cap < top_k:
-            if "max_logprobs" in user:
-                raise ValueError(
-                    f"vllm_engine_kwargs.max_logprobs: {cap} is below score_centering_top_k={top_k}; "
-                    "raise it or use -1 (no cap)"
-                )
+        check_engine_cap(user.get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs")
+        if "max_logprobs" not in user and top_k > VLLM_DEFAULT_MAX_LOGPROBS:
             extra["max_logprobs"] = top_k
     return extra
 
