@@ -201,10 +201,17 @@ def _length(config) -> None:
 def _score_centering(config) -> None:
     """``ScoreCenteringMixin.__init__``'s config checks (not its check of verl's vLLM server code)."""
     from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-    from verl_adapter.score_centering_config import resolve_settings, score_centering_config
+    from verl_adapter.score_centering_config import (
+        check_model_vocabulary,
+        resolve_settings,
+        score_centering_config,
+    )
 
     settings = resolve_settings(config)
-    if settings is not None and settings.mode == "adaptive-ppo-clip":
+    if settings is None:
+        return
+    check_model_vocabulary(config, settings)
+    if settings.mode == "adaptive-ppo-clip":
         AdaptiveClipController.from_config(score_centering_config(config))
 
 
