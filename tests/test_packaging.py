@@ -86,7 +86,7 @@ def test_wheel_carries_the_recipes(names):
 
 def test_wheel_carries_the_docs_that_readme_code_and_help_cite(names):
     """Inside the package, ``docs/reference/<file>.md`` resolves as code and ``--help`` cite it."""
-    linked = set(re.findall(r"\]\((docs/[^)#]+)", (REPO / "README.md").read_text()))
+    linked = set(re.findall(r"`(docs/[\w/.-]+\.md)`", (REPO / "README.md").read_text()))
     cited = {
         match
         for package in PACKAGES
@@ -149,3 +149,18 @@ def test_installed_wheel_runs_a_recipe_by_name(wheel_path, tmp_path):
         [*command, "--length_penalty_coeff", "-1"], capture_output=True, text=True, env=env, cwd=tmp_path
     )
     assert done.returncode == 2 and done.stderr.startswith("trl-length-grpo: error: length_penalty_coeff")
+
+
+def test_readme_reads_on_a_package_index_page_and_its_python_example_configures():
+    """No relative link (a package index page resolves none); the Python example's config builds as written
+    (on this CPU machine with ``use_cpu`` added: TRL's default bf16 needs a GPU)."""
+    readme = (REPO / "README.md").read_text()
+    assert not re.findall(r"\]\((?!https?://)[^)]*\)", readme)
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    imports, config = example.split("\n\n")[0], example.split("\n\n")[1].split("trainer =")[0]
+    namespace: dict = {}
+    config = config.replace("LengthPluginGRPOConfig(", "LengthPluginGRPOConfig(use_cpu=True, bf16=False, ", 1)
+    exec(imports + "\n" + config, namespace)  # noqa: S102 - the README's own lines
+    args = namespace["args"]
+    assert args.shaping.enabled and args.length_penalty_coeff == 0.5
+    assert args.length_penalty_config.default.group_total_length_penalty_coeff == 0.3
