@@ -3,7 +3,8 @@
 Builds (or reads from the cache) the warm-started reasoning model of ``--seed``, samples every held-out
 problem ``--samples`` times at the training temperature, and prints per difficulty level the accuracy, the
 accuracy of completions that skip necessary steps vs those that write them (with counts), the redundancy
-(re-checks and repeated steps) and its effect on accuracy, and the shortest correct length. Then one plain
+(re-checks and repeated steps) and its effect on accuracy, and the shortest correct length (any, and
+among completions that write every step, vs the shortest possible). Then one plain
 GRPO run of ``--steps`` steps (4 prompts x 8 completions, the demo's settings with at most
 ``MAX_COMPLETION`` new tokens, every batch one problem of each level) and the same figures after it.
 Recorded in docs/embedded.md:
@@ -69,6 +70,7 @@ def properties(rows: list[dict]) -> list[dict]:
         lean = [r for r in written if r["redundant"] == 0]
         padded = [r for r in written if r["redundant"] > 0]
         correct = [r["tokens"] for r in mine if r["correct"]]
+        correct_writing = [r["tokens"] for r in written if r["correct"]]
         out.append(
             dict(
                 level=level,
@@ -87,6 +89,7 @@ def properties(rows: list[dict]) -> list[dict]:
                 padded_accuracy=_acc(padded),
                 length=statistics.fmean(r["tokens"] for r in mine),
                 shortest_correct=min(correct) if correct else None,
+                shortest_correct_writing=min(correct_writing) if correct_writing else None,
                 correct_length=statistics.fmean(correct) if correct else None,
                 shortest_possible=statistics.fmean(r["shortest"] for r in mine),
             )
@@ -102,7 +105,8 @@ def markdown(table: list[dict]) -> str:
     lines = [
         "| level (steps) | samples | accuracy (%) | skip steps (%) | accuracy skipping (n) | accuracy writing "
         "(n) | writing the problem's steps (%): accuracy | redundant clauses / writing completion | writing with redundancy (%) | accuracy writing: "
-        "lean / redundant | mean length (tokens) | shortest correct sampled / possible | mean correct length |",
+        "lean / redundant | mean length (tokens) | shortest correct: any / writing / possible | mean correct "
+        "length |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
@@ -112,7 +116,7 @@ def markdown(table: list[dict]) -> str:
             f"{_f(t['followed_rate'])}: {_f(t['followed_accuracy'])} | "
             f"{_f(t['redundant_mean'], 2)} | {_f(t['redundant_rate'])} | {_f(t['lean_accuracy'])} / "
             f"{_f(t['padded_accuracy'])} | {_f(t['length'])} | {_f(t['shortest_correct'])} / "
-            f"{_f(t['shortest_possible'])} | {_f(t['correct_length'])} |"
+            f"{_f(t['shortest_correct_writing'])} / {_f(t['shortest_possible'])} | {_f(t['correct_length'])} |"
         )
     return "\n".join(lines)
 
@@ -193,7 +197,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"\n# plain GRPO, held out: accuracy {before['accuracy']:.1f}% -> {after['accuracy']:.1f}% "
             f"({after['accuracy'] - before['accuracy']:+.1f} points), length {before['length']:.1f} -> "
-            f"{after['length']:.1f} tokens, skip rate {before['skip_rate']:.1f}% -> {after['skip_rate']:.1f}%"
+            f"{after['length']:.1f} tokens, skip rate {before['skip_rate']:.1f}% -> {after['skip_rate']:.1f}%; "
+            "by level: "
+            + ", ".join(
+                f"{b['level']}: {a['accuracy'] - b['accuracy']:+.1f}"
+                for b, a in zip(warm[:-1], trained[:-1], strict=True)
+            )
         )
         result.update(trained=trained, train_s=train_s, history=history, steps=args.steps)
     out = Path(args.out)

@@ -26,14 +26,14 @@ from trl_length_plugin.embedded.reasoning import (
     training_dataset,
 )
 
-Q = "What is 3 + 5 - 2 + 4?"
+Q = "What is 3+5-2+1?"
 
 
 def test_necessary_steps_of_a_question():
-    assert necessary_steps(Q) == [Step(3, "+", 5, 8), Step(8, "-", 2, 6), Step(6, "+", 4, 10)]
-    assert shortest_completion(Q) == "<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10</think>10"
+    assert necessary_steps(Q) == [Step(3, "+", 5, 8), Step(8, "-", 2, 6), Step(6, "+", 1, 7)]
+    assert shortest_completion(Q) == "<think>3+5=8, 8-2=6, 6+1=7</think>7"
     assert question_of(necessary_steps(Q)) == Q
-    for bad in ("What is 3?", "What is 3 * 4?", "what is 3 + 4?", "What is 3 + 4"):
+    for bad in ("What is 3?", "What is 3*4?", "what is 3+4?", "What is 3+4", "What is 3 + 4?"):
         with pytest.raises(ValueError, match="question"):
             necessary_steps(bad)
 
@@ -47,50 +47,53 @@ def test_every_block_of_rows_mixes_every_level():
     assert levels[:4] != levels[4:8] or levels[4:8] != levels[8:12]  # the order within a block is drawn
     for prompt, answer, level in zip(dataset["prompt"], dataset["answer"], dataset["level"], strict=True):
         steps = necessary_steps(prompt[0]["content"])
-        assert len(steps) == level == prompt[0]["content"].count(" + ") + prompt[0]["content"].count(" - ")
+        assert len(steps) == level == prompt[0]["content"].count("+") + prompt[0]["content"].count("-")
         assert answer == str(steps[-1].result)
         assert all(0 <= s.result <= MAX_VALUE for s in steps)
+        numbers = [steps[0].left, *(s.operand for s in steps)]
+        assert len(set(numbers)) == len(numbers)  # distinct: each marks its place in the question
     other = make_reasoning_dataset(10, seed=5, levels=(2, 6), conversational=False)
     assert other["level"][:2] in ([2, 6], [6, 2]) and isinstance(other["prompt"][0], str)
     assert make_reasoning_dataset(12, seed=5)["prompt"] == dataset["prompt"][:12]  # deterministic by seed
-    for bad in ((), (0, 1), (1.5,)):
+    assert sorted(make_reasoning_dataset(6, levels=range(1, 7))["level"]) == [1, 2, 3, 4, 5, 6]
+    for bad in ((), (0, 1), (1.5,), (7,)):
         with pytest.raises(ValueError, match="levels"):
             make_reasoning_dataset(4, levels=bad)
 
 
 def test_answer_checking_takes_exactly_the_answer_after_the_reasoning():
-    answer = "10"
+    answer = "7"
     assert score_completion(shortest_completion(Q), answer) == 1.0
-    assert score_completion("<think>so 10</think> 10 ", answer) == 1.0  # a lucky jump still scores
+    assert score_completion("<think>so 7</think> 7 ", answer) == 1.0  # a lucky jump still scores
     for bad in (
-        "<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10</think>9",  # wrong answer
-        "3 + 5 = 8</think>10",  # no opening tag
-        "<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10",  # reasoning never closed
-        "<think>6 + 4 = 10</think>10 10",  # more than the answer
-        "<think>6 + 4 = 10</think>",  # no answer
+        "<think>3+5=8, 8-2=6, 6+1=7</think>6",  # wrong answer
+        "3+5=8</think>7",  # no opening tag
+        "<think>3+5=8, 8-2=6, 6+1=7",  # reasoning never closed
+        "<think>6+1=7</think>7 7",  # more than the answer
+        "<think>6+1=7</think>",  # no answer
         "",
     ):
         assert score_completion(bad, answer) == 0.0, bad
     conversation = [{"role": "assistant", "content": shortest_completion(Q)}]
-    assert correctness_reward([conversation, "<think></think>9"], answer=["10", "10"]) == [1.0, 0.0]
+    assert correctness_reward([conversation, "<think></think>9"], answer=["7", "7"]) == [1.0, 0.0]
 
 
 @pytest.mark.parametrize(
     ("completion", "written", "followed", "redundant"),
     [
-        ("<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10</think>10", 3, 3, 0),
-        ("<think>3 + 5 = 8, check 3 + 5 = 8, 8 - 2 = 6, 8 - 2 = 6, 6 + 4 = 10</think>10", 3, 3, 2),
-        ("<think>3 + 5 = 9, 9 - 2 = 7, 7 + 4 = 11</think>11", 3, 3, 0),  # wrong values, right steps
-        ("<think>3 + 5 = 8, 8 + 4 = 12, 12 - 1 = 11</think>11", 3, 1, 0),  # written, not the problem's
-        ("<think>3 + 5 = 8, so 9</think>9", 1, 1, 0),  # jumps after the first step
-        ("<think>so 10</think>10", 0, 0, 0),
-        ("<think>8 - 2 = 6, 6 + 4 = 10</think>10", 2, 0, 0),  # two steps, each out of place
-        ("<think>3 + 5 = 8, check 8 - 2 = 6, 6 + 4 = 10</think>10", 2, 1, 1),  # a check writes no step
-        ("<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10, 6 + 4 = 10, check 6 + 4 = 10</think>10", 3, 3, 2),
-        ("<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10, 10 + 1 = 11</think>11", 3, 3, 0),  # none past the last
-        ("<think>3 + 5 = 8, hmm, 8 - 2 = 6, 6 + 4", 2, 2, 0),  # unclosed: the rest is reasoning
-        ("<think>3+5=8, 8 - 2 = 6</think>6", 1, 0, 0),  # not the task's format: not a step
-        ("3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10</think>10", 0, 0, 0),  # no reasoning at all
+        ("<think>3+5=8, 8-2=6, 6+1=7</think>7", 3, 3, 0),
+        ("<think>3+5=8, check 3+5=8, 8-2=6, 8-2=6, 6+1=7</think>7", 3, 3, 2),
+        ("<think>3+5=9, 9-2=7, 7+1=8</think>8", 3, 3, 0),  # wrong values, right steps
+        ("<think>3+5=8, 8+4=12, 12-1=11</think>11", 3, 1, 0),  # written, not the problem's
+        ("<think>3+5=8, so 9</think>9", 1, 1, 0),  # jumps after the first step
+        ("<think>so 7</think>7", 0, 0, 0),
+        ("<think>8-2=6, 6+1=7</think>7", 2, 0, 0),  # two steps, each out of place
+        ("<think>3+5=8, check 8-2=6, 6+1=7</think>7", 2, 1, 1),  # a check writes no step
+        ("<think>3+5=8, 8-2=6, 6+1=7, 6+1=7, check 6+1=7</think>7", 3, 3, 2),
+        ("<think>3+5=8, 8-2=6, 6+1=7, 7+1=8</think>8", 3, 3, 0),  # none past the last
+        ("<think>3+5=8, hmm, 8-2=6, 6+1", 2, 2, 0),  # unclosed: the rest is reasoning
+        ("<think>3 + 5 = 8, 8-2=6</think>6", 1, 0, 0),  # not the task's format: not a step
+        ("3+5=8, 8-2=6, 6+1=7</think>7", 0, 0, 0),  # no reasoning at all
         ("", 0, 0, 0),
     ],
 )
@@ -110,9 +113,9 @@ def test_step_report_reads_written_skipped_and_redundant_steps(completion, writt
     ("question", "completion", "written", "redundant"),
     [
         # a step whose text equals an earlier step's is written when it is the next one
-        ("What is 2 - 2 + 9 - 9 + 9?", "<think>2 - 2 = 0, 0 + 9 = 9, 9 - 9 = 0, 0 + 9 = 9</think>9", 4, 0),
-        ("What is 1 + 1 + 1?", "<think>1 + 1 = 2, 1 + 1 = 2, 2 + 1 = 3</think>3", 2, 1),  # a repeat
-        ("What is 1 + 1 + 1?", "<think>1 + 1 = 2, 2 + 1 = 3, 1 + 1 = 2, 3 + 1 = 4</think>4", 2, 1),
+        ("What is 2-2+9-9+9?", "<think>2-2=0, 0+9=9, 9-9=0, 0+9=9</think>9", 4, 0),
+        ("What is 1+1+1?", "<think>1+1=2, 1+1=2, 2+1=3</think>3", 2, 1),  # a repeat
+        ("What is 1+1+1?", "<think>1+1=2, 2+1=3, 1+1=2, 3+1=4</think>4", 2, 1),
     ],
 )
 def test_step_report_tells_a_repeat_from_an_equal_next_step(question, completion, written, redundant):
@@ -167,8 +170,8 @@ def test_reasoning_tokenizer_and_cache_key_leave_the_arithmetic_model_as_it_was(
         question, completion = draw_problem(rng)
         ids = tok.encode(completion, add_special_tokens=False)
         assert tok.decode(ids) == completion
-        assert len(ids) + 1 <= 96  # with EOS, within the task's completion budget
-    assert tok.convert_ids_to_tokens(tok.encode(" check", add_special_tokens=False)) == ["Ġcheck"]
+        assert len(ids) + 1 <= 64  # with EOS, well within the task's completion budget
+    assert tok.convert_ids_to_tokens(tok.encode(", check", add_special_tokens=False)) == [",", "Ġcheck"]
     for call in (
         lambda: embedded_model.embedded_model_dir(task="chess"),
         lambda: embedded_model.build_tokenizer(task="chess"),

@@ -1,9 +1,9 @@
 """The embedded reasoning task: multi-term arithmetic whose intermediate results the reasoning must write.
 
-A problem of level k has k operations (``What is 3 + 5 - 2 + 4?``: level 3) and needs k steps, one per
-operation: ``<think>3 + 5 = 8, 8 - 2 = 6, 6 + 4 = 10</think>10`` (running totals stay in 0-9, so every
-step is a one-digit fact). The warm start is taught completions that sometimes skip steps (they jump to an
-answer with ``so …``, a guess near the truth) and sometimes overthink (re-checks ``check 8 - 2 = 6`` and
+A problem of level k has k operations on distinct one-digit numbers (``What is 4+5-2-1?``: level 3) and
+needs k steps, one per operation: ``<think>4+5=9, 9-2=7, 7-1=6</think>6`` (running totals stay in 0-9, so
+every step is a one-digit fact). The warm start is taught completions that sometimes skip steps (they jump
+to an answer with ``so …``, a guess near the truth) and sometimes overthink (re-checks ``check 9-2=7`` and
 repeated steps, more on easy problems than on hard ones): a length control has necessary steps to keep and
 redundant ones to remove (docs/embedded.md).
 """
@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from trl_length_plugin.embedded.task import REASONING_CLOSE, REASONING_OPEN, completion_text
 
-#: difficulty levels: the number of operations, so of necessary steps
+#: difficulty levels: the number of operations, so of necessary steps (at most MAX_LEVEL)
 LEVELS = (1, 2, 3, 4)
+MAX_LEVEL = 6
 MAX_VALUE = 9
 #: warm-start targets: the chance a completion jumps to the answer before its last step, and the
 #: largest error of that jump's guess (uniform in -GUESS_ERROR..GUESS_ERROR, clipped to 0-MAX_VALUE)
@@ -29,8 +30,7 @@ GUESS_ERROR = 2
 REDUNDANCY_PROB = {1: 0.6, 2: 0.4, 3: 0.25, 4: 0.15}
 MAX_REDUNDANT = 3
 CHECK = "check "
-_STEP = re.compile(r"(\d+) ([+-]) (\d+) = (-?\d+)")
-_JUMP = re.compile(r"so (-?\d+)")
+_STEP = re.compile(r"(\d+)([+-])(\d+)=(-?\d+)")
 
 
 @dataclass(frozen=True)
@@ -43,33 +43,44 @@ class Step:
     result: int
 
     def text(self) -> str:
-        return f"{self.left} {self.op} {self.operand} = {self.result}"
+        return f"{self.left}{self.op}{self.operand}={self.result}"
 
 
 def make_steps(rng: random.Random, level: int) -> list[Step]:
-    """The ``level`` operations of a random problem, every running total within 0-``MAX_VALUE``."""
-    total, steps = rng.randint(1, MAX_VALUE), []
-    for _ in range(level):
-        ops = [op for op, room in (("+", MAX_VALUE - total), ("-", total)) if room > 0]
-        op = rng.choice(ops)
-        operand = rng.randint(1, MAX_VALUE - total if op == "+" else total)
-        result = total + operand if op == "+" else total - operand
-        steps.append(Step(total, op, operand, result))
-        total = result
-    return steps
+    """The ``level`` operations of a random problem: the question's numbers distinct (so each one marks its
+    place in the question), every running total within 0-``MAX_VALUE``."""
+    while True:
+        total = rng.randint(1, MAX_VALUE)
+        used, steps = {total}, []
+        for _ in range(level):
+            choices = [
+                (op, d)
+                for op in "+-"
+                for d in range(1, MAX_VALUE + 1)
+                if d not in used and 0 <= (total + d if op == "+" else total - d) <= MAX_VALUE
+            ]
+            if not choices:
+                break
+            op, operand = rng.choice(choices)
+            result = total + operand if op == "+" else total - operand
+            steps.append(Step(total, op, operand, result))
+            used.add(operand)
+            total = result
+        if len(steps) == level:
+            return steps
 
 
 def question_of(steps: Sequence[Step]) -> str:
-    return "What is " + " ".join([str(steps[0].left), *(f"{s.op} {s.operand}" for s in steps)]) + "?"
+    return f"What is {steps[0].left}" + "".join(f"{s.op}{s.operand}" for s in steps) + "?"
 
 
 def necessary_steps(question: str) -> list[Step]:
     """The steps a question needs, in order (one per operation); ValueError for a question of another form."""
-    match = re.fullmatch(r"What is (\d+)((?: [+-] \d+)+)\?", question)
+    match = re.fullmatch(r"What is (\d+)((?:[+-]\d+)+)\?", question)
     if match is None:
         raise ValueError(f"question: not a reasoning-task question: {question!r}")
     total, steps = int(match[1]), []
-    for op, operand in re.findall(r"([+-]) (\d+)", match[2]):
+    for op, operand in re.findall(r"([+-])(\d+)", match[2]):
         result = total + int(operand) if op == "+" else total - int(operand)
         steps.append(Step(total, op, int(operand), result))
         total = result
@@ -121,8 +132,8 @@ def make_reasoning_dataset(
     from trl_length_plugin._optional import require
 
     datasets = require("datasets", "trl")
-    if not levels or any(not isinstance(k, int) or k < 1 for k in levels):
-        raise ValueError(f"levels: positive integers expected, got {levels!r}")
+    if not levels or any(not isinstance(k, int) or not 1 <= k <= MAX_LEVEL for k in levels):
+        raise ValueError(f"levels: integers in 1-{MAX_LEVEL} expected, got {levels!r}")
     rng = random.Random(seed)
     excluded = set(exclude)
     prompts, answers, row_levels = [], [], []
@@ -155,9 +166,9 @@ class StepReport:
 
 
 def step_report(completion: str | Sequence[dict], question: str) -> StepReport:
-    """Read the reasoning of ``completion`` clause by clause (``, `` separated). ``check a op b = c``, a
+    """Read the reasoning of ``completion`` clause by clause (``, `` separated). ``check a+b=c``, a
     repeat of the step just written, and a repeat of an earlier written step (unless it has the next step's
-    operation and operand) are redundant; any other clause ``a op b = c`` writes the next necessary step
+    operation and operand) are redundant; any other clause ``a+b=c`` or ``a-b=c`` writes the next necessary step
     (none past the last); anything else (a jump ``so X``, other text) is neither. A completion without
     ``<think>`` reasoning writes nothing."""
     steps = necessary_steps(question)
