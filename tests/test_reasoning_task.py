@@ -178,3 +178,42 @@ def test_reasoning_tokenizer_and_cache_key_leave_the_arithmetic_model_as_it_was(
     ):
         with pytest.raises(ValueError, match="task"):
             call()
+
+
+def test_the_property_table_counts_hand_made_completions():
+    from bench.bench_reasoning_task import properties
+
+    def row(level, correct, tokens, skipped=False, redundant=0, followed=True):
+        return dict(
+            level=level,
+            correct=correct,
+            tokens=tokens,
+            skipped=skipped,
+            redundant=redundant,
+            followed=followed,
+            shortest=12 if level == 1 else 19,
+        )
+
+    rows = [
+        row(1, 1.0, 12),
+        row(1, 1.0, 21, redundant=1),
+        row(1, 0.0, 9, skipped=True),
+        row(2, 1.0, 9, skipped=True),
+        row(2, 0.0, 19, followed=False),
+        row(2, 1.0, 28, redundant=1),
+    ]
+    by_level = {t["level"]: t for t in properties(rows)}
+    one, two, every = by_level[1], by_level[2], by_level["all"]
+    assert (one["n"], one["skip_n"], one["skip_accuracy"]) == (3, 1, 0.0)
+    assert one["accuracy"] == pytest.approx(200 / 3)
+    assert (one["write_accuracy"], one["redundant_mean"], one["redundant_rate"]) == (100.0, 0.5, 50.0)
+    assert (one["shortest_correct"], one["shortest_correct_writing"], one["shortest_possible"]) == (
+        12,
+        12,
+        12,
+    )
+    assert (two["shortest_correct"], two["shortest_correct_writing"], two["followed_rate"]) == (9, 28, 50.0)
+    assert (two["lean_accuracy"], two["padded_accuracy"], two["followed_accuracy"]) == (0.0, 100.0, 100.0)
+    assert (every["n"], every["skip_accuracy"], every["write_accuracy"]) == (6, 50.0, 75.0)
+    assert every["skip_rate"] == pytest.approx(100 / 3)
+    assert every["length"] == pytest.approx((12 + 21 + 9 + 9 + 19 + 28) / 6)
