@@ -42,8 +42,8 @@ MODEL_CONFIG = dict(
 )
 WARM_START = dict(steps=220, batch_size=64, lr=3e-3)
 #: the reasoning task's model (docs/embedded.md): its own recipe version and a longer warm start
-REASONING_BUILD_VERSION = 2  # 2: compact steps, distinct numbers, 1000 steps
-REASONING_WARM_START = dict(steps=1000, batch_size=64, lr=3e-3)
+REASONING_BUILD_VERSION = 2  # 2: compact steps, distinct numbers
+REASONING_WARM_START = dict(steps=2000, batch_size=64, lr=3e-3)
 TASKS = ("arithmetic", "reasoning")
 #: GRPOConfig settings every CPU run on the embedded model shares (demo, benchmarks, tests): fp32, no
 #: checkpointing, a log row per step, nothing saved or reported
