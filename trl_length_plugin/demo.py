@@ -75,13 +75,13 @@ def training_dataset(seed: int, size: int = 2048):
     return make_task_dataset(size, seed=seed).filter(lambda row: question(row) not in held_out)
 
 
-def sampling_config(tokenizer, samples: int = 1):
-    """The sampling settings of training (TRL's defaults at ``TRAINING``'s temperature and length), ``samples``
-    completions per prompt."""
+def sampling_config(tokenizer, samples: int = 1, max_new_tokens: int | None = None):
+    """The sampling settings of training (TRL's defaults at ``TRAINING``'s temperature and length, or
+    ``max_new_tokens``), ``samples`` completions per prompt."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
-        max_new_tokens=TRAINING["max_completion_length"],
+        max_new_tokens=max_new_tokens or TRAINING["max_completion_length"],
         do_sample=True,
         temperature=TRAINING["temperature"],
         top_p=1.0,
@@ -92,7 +92,9 @@ def sampling_config(tokenizer, samples: int = 1):
     )
 
 
-def sample(model, tokenizer, dataset, samples: int, seed: int) -> list[dict]:
+def sample(
+    model, tokenizer, dataset, samples: int, seed: int, max_new_tokens: int | None = None
+) -> list[dict]:
     """``samples`` completions per row of ``dataset`` with the training sampling settings, reproducible by
     ``seed``: one dict per completion with its row index, text, token count (up to and including EOS, as
     TRL counts ``completions/mean_length``) and correctness."""
@@ -101,7 +103,7 @@ def sample(model, tokenizer, dataset, samples: int, seed: int) -> list[dict]:
     from trl_length_plugin.embedded import score_completion
 
     torch.manual_seed(seed)
-    config = sampling_config(tokenizer, samples)
+    config = sampling_config(tokenizer, samples, max_new_tokens)
     model.eval()
     results = []
     answers = dataset["answer"]

@@ -1,5 +1,6 @@
 """Embedded defaults built by the project's own code with no Hub access (issue 2):
-a tiny chat model and tokenizer, and a synthetic verifiable arithmetic task."""
+a tiny chat model and tokenizer, a synthetic verifiable arithmetic task, and a reasoning task whose
+necessary and redundant steps make length matter (``reasoning``, issue 20)."""
 
 from trl_length_plugin.embedded.model import (
     CPU_RUN_ARGS,
@@ -9,6 +10,7 @@ from trl_length_plugin.embedded.model import (
     load_tokenizer,
     run_warm_start,
 )
+from trl_length_plugin.embedded.reasoning import make_reasoning_dataset, step_report
 from trl_length_plugin.embedded.task import correctness_reward, make_task_dataset, score_completion
 
 __all__ = [
@@ -18,7 +20,9 @@ __all__ = [
     "correctness_reward",
     "embedded_model_dir",
     "load_tokenizer",
+    "make_reasoning_dataset",
     "make_task_dataset",
     "run_warm_start",
     "score_completion",
+    "step_report",
 ]

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from trl_length_plugin._optional import require
+from trl_length_plugin.embedded import reasoning
 from trl_length_plugin.embedded.task import make_completion, make_problem
 
 logger = logging.getLogger("trl_length_plugin")
@@ -40,6 +41,10 @@ MODEL_CONFIG = dict(
     tie_word_embeddings=True,
 )
 WARM_START = dict(steps=220, batch_size=64, lr=3e-3)
+#: the reasoning task's model (docs/embedded.md): its own recipe version and a longer warm start
+REASONING_BUILD_VERSION = 2  # 2: compact steps, distinct numbers
+REASONING_WARM_START = dict(steps=2000, batch_size=64, lr=3e-3)
+TASKS = ("arithmetic", "reasoning")
 #: GRPOConfig settings every CPU run on the embedded model shares (demo, benchmarks, tests): fp32, no
 #: checkpointing, a log row per step, nothing saved or reported
 CPU_RUN_ARGS = dict(
@@ -58,20 +63,32 @@ def cache_root() -> Path:
     return Path(os.environ.get("TRL_LENGTH_PLUGIN_CACHE", Path.home() / ".cache" / "trl_length_plugin"))
 
 
-def _chat_corpus(n: int, seed: int) -> list[str]:
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"task: one of {', '.join(TASKS)} expected, got {task!r}")
+
+
+def _draw_example(rng: random.Random, task: str) -> tuple[str, str]:
+    """A warm-start example of ``task``: a question and its target completion."""
+    if task == "reasoning":
+        return reasoning.draw_problem(rng)
+    question, answer = make_problem(rng)
+    return question, make_completion(question, answer, rng)
+
+
+def _chat_corpus(n: int, seed: int, task: str = "arithmetic") -> list[str]:
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
-        question, answer = make_problem(rng)
+        question, completion = _draw_example(rng, task)
         texts.append(
-            f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-            f"{make_completion(question, answer, rng)}<|im_end|>\n"
+            f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n{completion}<|im_end|>\n"
         )
     return texts
 
 
-def build_tokenizer(seed: int = 0):
-    """A byte-level BPE tokenizer trained on the task's chat corpus, as a ``Qwen2Tokenizer``.
+def build_tokenizer(seed: int = 0, task: str = "arithmetic"):
+    """A byte-level BPE tokenizer trained on the chat corpus of ``task``, as a ``Qwen2Tokenizer``.
 
     It uses Qwen2's own normalizer and pre-tokenizer (digits split one by one), because ``AutoTokenizer``
     (so TRL, vLLM and verl) loads any qwen2 directory as a ``Qwen2Tokenizer`` that rebuilds them from its
@@ -90,7 +107,8 @@ def build_tokenizer(seed: int = 0):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_chat_corpus(4000, seed), trainer=trainer)
+    _check_task(task)
+    bpe.train_from_iterator(_chat_corpus(4000, seed, task), trainer=trainer)
     trained = json.loads(bpe.to_str())["model"]
     tok = transformers.Qwen2Tokenizer(
         vocab=trained["vocab"],
@@ -129,16 +147,16 @@ def build_model(tokenizer, seed: int = 0):
     return model
 
 
-def _sft_batch(tokenizer, rng: random.Random, batch_size: int):
+def _sft_batch(tokenizer, rng: random.Random, batch_size: int, task: str = "arithmetic"):
     """Token ids, attention mask and labels (completion tokens only) of one supervised batch."""
     torch = require("torch", "trl")
     rows, prompt_lens = [], []
     for _ in range(batch_size):
-        question, answer = make_problem(rng)
+        question, completion = _draw_example(rng, task)
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
         )
-        completion = make_completion(question, answer, rng) + tokenizer.eos_token
+        completion += tokenizer.eos_token
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
         rows.append(prompt_ids + tokenizer.encode(completion, add_special_tokens=False))
         prompt_lens.append(len(prompt_ids))
@@ -153,23 +171,31 @@ def _sft_batch(tokenizer, rng: random.Random, batch_size: int):
     return ids, mask, labels
 
 
-def run_warm_start(model, tokenizer, seed: int = 0, steps: int | None = None) -> list[float]:
-    """A short supervised pass so the model answers in format, partly correctly (issue 2).
+def _warm_start_settings(task: str) -> dict:
+    return REASONING_WARM_START if task == "reasoning" else WARM_START
+
+
+def run_warm_start(
+    model, tokenizer, seed: int = 0, steps: int | None = None, task: str = "arithmetic"
+) -> list[float]:
+    """A short supervised pass on ``task`` so the model answers in format, partly correctly (issue 2).
 
     Returns the loss curve. Deterministic for a given seed and thread count.
     """
     torch = require("torch", "trl")
-    steps = WARM_START["steps"] if steps is None else steps
+    _check_task(task)
+    settings = _warm_start_settings(task)
+    steps = settings["steps"] if steps is None else steps
     rng = random.Random(seed + 1)
     torch.manual_seed(seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START["lr"], weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / 30) * (1 - s / steps)
     )
     model.train()
     losses = []
     for _ in range(steps):
-        ids, mask, labels = _sft_batch(tokenizer, rng, WARM_START["batch_size"])
+        ids, mask, labels = _sft_batch(tokenizer, rng, settings["batch_size"], task)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -181,31 +207,37 @@ def run_warm_start(model, tokenizer, seed: int = 0, steps: int | None = None) ->
     return losses
 
 
-def _build_key(seed: int, warm: bool) -> str:
-    recipe = json.dumps([BUILD_VERSION, seed, warm, MODEL_CONFIG, WARM_START, VOCAB_SIZE], sort_keys=True)
-    return hashlib.sha256(recipe.encode()).hexdigest()[:12]
+def _build_key(seed: int, warm: bool, task: str = "arithmetic") -> str:
+    if task == "reasoning":
+        recipe = [REASONING_BUILD_VERSION, task, seed, warm, MODEL_CONFIG, REASONING_WARM_START, VOCAB_SIZE]
+    else:  # the arithmetic recipe's key as before the reasoning task existed: its caches stay valid
+        recipe = [BUILD_VERSION, seed, warm, MODEL_CONFIG, WARM_START, VOCAB_SIZE]
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def embedded_model_dir(warm_start: bool = True, seed: int = 0) -> Path:
-    """Directory of the embedded chat model (weights, config, tokenizer), built once and cached.
+def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arithmetic") -> Path:
+    """Directory of the embedded chat model of ``task`` (weights, config, tokenizer), built once and cached.
 
     ``warm_start=False`` gives the untrained model, which builds in about a second.
     """
-    target = cache_root() / f"tiny-qwen2-{'warm' if warm_start else 'random'}-{_build_key(seed, warm_start)}"
+    _check_task(task)
+    name = "tiny-qwen2" if task == "arithmetic" else f"tiny-qwen2-{task}"
+    state = "warm" if warm_start else "random"
+    target = cache_root() / f"{name}-{state}-{_build_key(seed, warm_start, task)}"
     if (target / "config.json").exists():
         return target
     torch = require("torch", "trl")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(seed)
+    tokenizer = build_tokenizer(seed, task)
     model = build_model(tokenizer, seed)
     if warm_start:
-        logger.info("building the embedded warm-started model (once, about a minute)")
+        logger.info("building the embedded warm-started %s model (once, a few minutes)", task)
         # one thread: same weights on every machine, no oversubscription (torch's own setter: an in-process
         # vLLM CPU engine replaces torch.set_num_threads with a no-op)
         set_threads, threads = torch._C.set_num_threads, torch.get_num_threads()
         set_threads(1)
         try:
-            losses = run_warm_start(model, tokenizer, seed)
+            losses = run_warm_start(model, tokenizer, seed, task=task)
         finally:
             set_threads(threads)
         logger.info("warm start done: loss %.3f -> %.3f", losses[0], losses[-1])

@@ -1,0 +1,215 @@
+"""The reasoning task's properties, measured on its warm model: necessary steps, redundancy, RL signal.
+
+Builds (or reads from the cache) the warm-started reasoning model of ``--seed``, samples every held-out
+problem ``--samples`` times at the training temperature, and prints per difficulty level the accuracy, the
+accuracy of completions that skip necessary steps vs those that write them (with counts), the redundancy
+(re-checks and repeated steps) and its effect on accuracy, and the shortest correct length (any, and
+among completions that write every step, vs the shortest possible). Then one plain
+GRPO run of ``--steps`` steps (4 prompts x 8 completions, the demo's settings with at most
+``MAX_COMPLETION`` new tokens, every batch one problem of each level) and the same figures after it.
+Recorded in docs/embedded.md:
+
+    OMP_NUM_THREADS=1 python -m bench.bench_reasoning_task [--seed 0] [--steps 60] [--samples 64]
+        [--out outputs/reasoning_task]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ.setdefault(_var, "1")
+
+from trl_length_plugin import demo  # noqa: E402
+
+MAX_COMPLETION = 96
+#: the GRPO settings of a run on the reasoning task: the demo's, longer completions, batches in level blocks
+TRAINING = {**demo.TRAINING, "max_completion_length": MAX_COMPLETION, "shuffle_dataset": False}
+
+
+def annotate(completions: list[dict], dataset, tokenizer) -> list[dict]:
+    """Each sampled completion with its level, step report and the shortest correct length of its problem."""
+    from trl_length_plugin.embedded.reasoning import shortest_completion, step_report
+
+    rows = []
+    for c in completions:
+        question = demo.question(dataset[c["row"]])
+        report = step_report(c["text"], question)
+        shortest = len(tokenizer.encode(shortest_completion(question), add_special_tokens=False)) + 1
+        rows.append(
+            {
+                **c,
+                "level": report.necessary,
+                "skipped": report.skipped,
+                "followed": report.followed == report.necessary,
+                "redundant": report.redundant,
+                "shortest": shortest,
+            }
+        )
+    return rows
+
+
+def _acc(rows: list[dict]) -> float | None:
+    return 100 * statistics.fmean(r["correct"] for r in rows) if rows else None
+
+
+def properties(rows: list[dict]) -> list[dict]:
+    """Per level (and all levels): the figures of docs/embedded.md's property table."""
+    out = []
+    for level in [*sorted({r["level"] for r in rows}), "all"]:
+        mine = [r for r in rows if level == "all" or r["level"] == level]
+        skipped = [r for r in mine if r["skipped"]]
+        written = [r for r in mine if not r["skipped"]]
+        followed = [r for r in written if r["followed"]]
+        lean = [r for r in written if r["redundant"] == 0]
+        padded = [r for r in written if r["redundant"] > 0]
+        correct = [r["tokens"] for r in mine if r["correct"]]
+        correct_writing = [r["tokens"] for r in written if r["correct"]]
+        out.append(
+            dict(
+                level=level,
+                n=len(mine),
+                accuracy=_acc(mine),
+                skip_rate=100 * len(skipped) / len(mine),
+                skip_n=len(skipped),
+                skip_accuracy=_acc(skipped),
+                write_n=len(written),
+                write_accuracy=_acc(written),
+                followed_rate=100 * len(followed) / len(written) if written else None,
+                followed_accuracy=_acc(followed),
+                redundant_mean=statistics.fmean(r["redundant"] for r in written) if written else None,
+                redundant_rate=100 * len(padded) / len(written) if written else None,
+                lean_accuracy=_acc(lean),
+                padded_accuracy=_acc(padded),
+                length=statistics.fmean(r["tokens"] for r in mine),
+                shortest_correct=min(correct) if correct else None,
+                shortest_correct_writing=min(correct_writing) if correct_writing else None,
+                correct_length=statistics.fmean(correct) if correct else None,
+                shortest_possible=statistics.fmean(r["shortest"] for r in mine),
+            )
+        )
+    return out
+
+
+def _f(value, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def markdown(table: list[dict]) -> str:
+    lines = [
+        "| level (steps) | samples | accuracy (%) | skip steps (%) | accuracy skipping (n) | accuracy writing "
+        "(n) | writing the problem's steps (%): accuracy | redundant clauses / writing completion | writing with redundancy (%) | accuracy writing: "
+        "lean / redundant | mean length (tokens) | shortest correct: any / writing / possible | mean correct "
+        "length |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in table:
+        lines.append(
+            f"| {t['level']} | {t['n']} | {_f(t['accuracy'])} | {_f(t['skip_rate'])} | "
+            f"{_f(t['skip_accuracy'])} ({t['skip_n']}) | {_f(t['write_accuracy'])} ({t['write_n']}) | "
+            f"{_f(t['followed_rate'])}: {_f(t['followed_accuracy'])} | "
+            f"{_f(t['redundant_mean'], 2)} | {_f(t['redundant_rate'])} | {_f(t['lean_accuracy'])} / "
+            f"{_f(t['padded_accuracy'])} | {_f(t['length'])} | {_f(t['shortest_correct'])} / "
+            f"{_f(t['shortest_correct_writing'])} / {_f(t['shortest_possible'])} | {_f(t['correct_length'])} |"
+        )
+    return "\n".join(lines)
+
+
+def evaluate(model, tokenizer, samples: int) -> list[dict]:
+    from trl_length_plugin.embedded.reasoning import HELD_OUT_SEED, held_out_dataset
+
+    dataset = held_out_dataset()
+    completions = demo.sample(
+        model, tokenizer, dataset, samples, HELD_OUT_SEED, max_new_tokens=MAX_COMPLETION
+    )
+    return annotate(completions, dataset, tokenizer)
+
+
+def train_plain(model_dir: Path, seed: int, steps: int):
+    """One plain GRPO run on the training problems of ``seed``; returns the trained model and its history."""
+    from transformers import AutoModelForCausalLM
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer
+    from trl_length_plugin.embedded.reasoning import training_dataset
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = LengthPluginGRPOConfig(
+            output_dir=tmp, max_steps=steps, seed=seed, **TRAINING, **CPU_RUN_ARGS
+        )
+        trainer = LengthPluginGRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(model_dir),
+            processing_class=load_tokenizer(model_dir),
+            reward_funcs=[correctness_reward],
+            args=config,
+            train_dataset=training_dataset(seed),
+            callbacks=[demo.make_table_callback(steps)],
+        )
+        for callback in (PrinterCallback, ProgressCallback):
+            trainer.remove_callback(callback)
+        trainer.train()
+    return trainer.model, trainer.state.log_history
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0, help="the warm model's seed and the GRPO run's")
+    parser.add_argument("--steps", type=int, default=demo.STEPS, help="plain GRPO steps (0: none)")
+    parser.add_argument(
+        "--samples", type=int, default=demo.EVAL_SAMPLES, help="completions per held-out problem"
+    )
+    parser.add_argument("--out", default="outputs/reasoning_task", help="where the JSON summary goes")
+    args = parser.parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    model_dir = embedded_model_dir(seed=args.seed, task="reasoning")
+    build_s = time.perf_counter() - started
+    tokenizer = load_tokenizer(model_dir)
+    started = time.perf_counter()
+    warm = properties(evaluate(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, args.samples))
+    eval_s = time.perf_counter() - started
+    print(
+        f"# warm model {model_dir.name} (ready in {build_s:.0f} s); held out, {args.samples} samples a "
+        f"problem at temperature {TRAINING['temperature']} ({eval_s:.0f} s)"
+    )
+    print(markdown(warm))
+    result = dict(seed=args.seed, samples=args.samples, model=model_dir.name, warm=warm, build_s=build_s)
+    if args.steps:
+        started = time.perf_counter()
+        model, history = train_plain(model_dir, args.seed, args.steps)
+        train_s = time.perf_counter() - started
+        trained = properties(evaluate(model, tokenizer, args.samples))
+        before, after = warm[-1], trained[-1]
+        print(f"\n# after plain GRPO, {args.steps} steps of 4 prompts x 8 completions ({train_s:.0f} s)")
+        print(markdown(trained))
+        print(
+            f"\n# plain GRPO, held out: accuracy {before['accuracy']:.1f}% -> {after['accuracy']:.1f}% "
+            f"({after['accuracy'] - before['accuracy']:+.1f} points), length {before['length']:.1f} -> "
+            f"{after['length']:.1f} tokens, skip rate {before['skip_rate']:.1f}% -> {after['skip_rate']:.1f}%; "
+            "by level: "
+            + ", ".join(
+                f"{b['level']}: {a['accuracy'] - b['accuracy']:+.1f}"
+                for b, a in zip(warm[:-1], trained[:-1], strict=True)
+            )
+        )
+        result.update(trained=trained, train_s=train_s, history=history, steps=args.steps)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"seed{args.seed}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
