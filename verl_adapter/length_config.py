@@ -38,7 +38,9 @@ VERL_KEYS = tuple(key for key in SHAPING_KEYS if key != "drop_zero_std_groups")
 
 
 def _plain(value):
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
+    return (
+        OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
+    )
 
 
 def shaping_config(config: DictConfig) -> LengthShapingConfig:

@@ -184,8 +184,9 @@ class LengthPenaltyReward:
             metadata=self._metadata,
             device=state.device,
         )
-        state = columns.get("trainer_state")
-        result = shape_rollouts(batch, self.shaping, step=0 if state is None else state.global_step)
+        trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
+        step = 0 if trainer_state is None else trainer_state.global_step
+        result = shape_rollouts(batch, self.shaping, step=step)
         log_group_records(result.penalties.groups, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():
