@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 
+from tests.test_trl_cli import BLOCKED, assert_one_error_line, write_recipe
 from tests.trl_length_helpers import deterministic_rollout, tiny_config
+from trl_length_plugin import cli
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
-from trl_length_plugin.shaping.schedule import STATE_FILE
+from trl_length_plugin.shaping.schedule import STATE_FILE, config_at
 from trl_length_plugin.trl_integration import LengthPenaltyReward, LengthPluginGRPOTrainer
 
 SCHEDULE = [{"key": "length_penalty_coeff", "stages": [{"until_step": 2, "value": 0.25}]}]
@@ -110,3 +114,34 @@ def test_wrapper_route_moves_the_block_by_the_trainers_step(random_model_dir, tm
     column = "rewards/length_penalty/std"
     assert logged(stock, column) == pytest.approx(logged(subclass, column), abs=1e-7)
     assert all(value > 0 for value in logged(stock, column).values())
+
+
+def test_recipe_key_and_flag(tmp_path):
+    """``length_schedule`` as a recipe's YAML list and as a JSON flag reach the trainer's config
+    (``recipe:coefficient_cpu``: c = 1 warmed up over 4 steps, floor 4 tokens)."""
+    floor = [{"key": "length_penalty_min_tokens", "stages": [{"until_step": 3, "value": 16}]}]
+    recipe = write_recipe(tmp_path, "coefficient_cpu", length_schedule=floor)
+    shaping = cli.parse_args(["--config", str(recipe)])[1].shaping
+    assert [config_at(shaping, s).length_penalty_min_tokens for s in (0, 2, 3)] == [16, 16, 4]
+    assert [shaping.coeff_at(s) for s in (0, 1, 4)] == [0.0, 0.25, 1.0]  # the recipe's warm-up still runs
+    ramp = json.dumps(
+        [{"key": "length_penalty_coeff", "stages": [{"until_step": 4, "start": 0, "end": 0.5}]}]
+    )
+    flags = ["--length_schedule", ramp, "--length_penalty_coeff_warmup_steps", "0"]
+    shaping = cli.parse_args(["--config", str(recipe), *flags])[1].shaping
+    assert [shaping.coeff_at(s) for s in range(5)] == [0.0, 0.125, 0.25, 0.375, 1.0]
+
+
+def test_a_bad_schedule_flag_is_one_line_before_trl_is_imported(tmp_path):
+    flag = json.dumps([{"key": "length_penalty_cof", "stages": [{"until_step": 2, "value": 0.5}]}])
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKED, "grpo", "--length_penalty_coeff", "1", "--length_schedule", flag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert_one_error_line(
+        done.stderr,
+        "length_schedule.0.key: length_penalty_cof: unknown key (did you mean 'length_penalty_coeff'?)",
+    )

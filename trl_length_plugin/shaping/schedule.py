@@ -50,6 +50,11 @@ def schedules(config: LengthShapingConfig) -> tuple[KeySchedule, ...]:
     return (*config.length_schedule, *([warmup] if warmup else []))
 
 
+def schedule_end(config: LengthShapingConfig) -> int:
+    """The first step after every stage (0 without a schedule): from there each key has its config value."""
+    return max((s.stages[-1].until_step for s in schedules(config)), default=0)
+
+
 def value_at(schedule: KeySchedule, step: int, final: float) -> float:
     """The key's value at optimizer step ``step`` (negative steps count as 0); ``final`` after the last stage."""
     step, begin = max(step, 0), 0
