@@ -31,6 +31,7 @@ GROUPS = (
             "length_penalty_coeff",
             "length_penalty_min_tokens",
             "length_penalty_coeff_warmup_steps",
+            "length_schedule",
             "drop_zero_std_groups",
             "length_penalty_log_rollouts",
             "length_penalty_log_file",

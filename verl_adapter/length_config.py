@@ -8,6 +8,9 @@ Top-level keys of verl's Hydra config (added with ``+``), named as in every host
   ``+length_penalty='{default: {...}}'``) or the path of a YAML file;
 - ``length_penalty_coeff``, ``length_penalty_min_tokens``, ``length_penalty_coeff_warmup_steps``: the
   length coefficient of §3.1, its floor and warm-up (by ``trainer.global_steps``);
+- ``length_schedule``: numeric keys moved through stages by ``trainer.global_steps`` (§3.7), a Hydra list
+  (``+length_schedule='[{key: length_penalty_coeff, stages: [{until_step: 10, value: 0.1}]}]'``) or the path
+  of a YAML file;
 - ``reasoning_tags``: the reasoning channel's tags (§2.5).
 
 verl filters groups with its own ``algorithm.filter_groups`` (judged on shaped rewards here), so the TRL
@@ -18,7 +21,7 @@ nothing is silently ignored. Every error names the key.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trl_length_plugin.shaping.config import (
     SHAPING_KEYS,
@@ -35,7 +38,9 @@ VERL_KEYS = tuple(key for key in SHAPING_KEYS if key != "drop_zero_std_groups")
 
 
 def _plain(value):
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    return (
+        OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
+    )
 
 
 def shaping_config(config: DictConfig) -> LengthShapingConfig:

@@ -18,6 +18,10 @@ trainer gets the same behaviour by listing :class:`LengthShapingMixin` first amo
   the single-controller process only.
 - ``_build_replay_buffer`` gives verl's replay buffer the shaped group filter when
   ``algorithm.filter_groups`` is on (§3.3).
+- ``_save_checkpoint`` / ``_load_checkpoint`` record the length schedule (its stages and the values at the
+  saved step) in ``length_schedule_state.json`` inside each ``global_step_<n>`` folder and say on resume
+  where it continues (docs/reference/length-coefficient.md §3.7); the values follow
+  ``trainer.global_steps``, which verl restores.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from trl_length_plugin.shaping.log import format_length_penalty
 from trl_length_plugin.shaping.records import log_group_records
+from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
 
 from .length_advantage import raw_scores
 from .length_config import shaping_config
@@ -94,6 +99,26 @@ class LengthShapingMixin:
             )
             return buffer
         return with_shaped_filter(buffer, self.length_shaper)
+
+    def _save_checkpoint(self):
+        if self.length_shaping.enabled:
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            os.makedirs(folder, exist_ok=True)
+            save_schedule_state(self.length_shaping, self.global_steps, folder)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if not (self.length_shaping.enabled and self.global_steps):
+            return
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            folder = trainer.resume_from_path
+        else:
+            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
+        said = resume_message(self.length_shaping, self.global_steps, os.path.abspath(folder))
+        if said is not None:
+            (logger.warning if said[0] else logger.info)("trl-length-plugin: %s", said[1])
 
     def _init_tokenizer(self):
         super()._init_tokenizer()

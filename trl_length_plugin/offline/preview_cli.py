@@ -20,6 +20,7 @@ from typing import Any
 from trl_length_plugin.offline.command import CommandError, Parser, run
 from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs, replacing
 from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config
+from trl_length_plugin.shaping.schedule import schedule_end
 
 PROG = "trl-length preview"
 HOST_KEYS = {"scale_rewards": "group", "agent_column": "agent"}  # the trainer's defaults
@@ -34,12 +35,15 @@ def make_parser() -> Parser:
     keys.add_argument("--length_penalty", help="the block: a JSON object or the path of a YAML file")
     for key in ("length_penalty_coeff", "length_penalty_min_tokens", "length_penalty_coeff_warmup_steps"):
         keys.add_argument(f"--{key}")
+    keys.add_argument("--length_schedule", help="the schedule: a JSON array or the path of a YAML file")
     keys.add_argument("--drop_zero_std_groups")
     keys.add_argument("--reasoning_tags", nargs=2, metavar=("OPEN", "CLOSE"))
     keys.add_argument("--scale_rewards", choices=("group", "batch", "none"))
     keys.add_argument("--agent_column")
     parser.add_argument(
-        "--step", type=int, help="optimizer step (>= 0) for the coefficient warm-up (default: after it)"
+        "--step",
+        type=int,
+        help="optimizer step (>= 0) for the coefficient warm-up and length_schedule (default: after them)",
     )
     parser.add_argument(
         "--prompts", help="prompt dataset with the metadata (e.g. trl-length profile's output)"
@@ -89,7 +93,7 @@ def _read_recipe(value: str) -> dict[str, Any]:
 
 def _flag_value(key: str, text: Any) -> Any:
     """A flag as the trainer's parser reads it: the block as given (JSON or a path), scalars as YAML."""
-    if key in ("length_penalty", "reasoning_tags"):
+    if key in ("length_penalty", "length_schedule", "reasoning_tags"):
         return text
     import yaml
 
@@ -172,7 +176,7 @@ def preview(args) -> None:
     reader = RolloutReader(args.rollouts, PROG, agent_column, args.skip_invalid_utf8)
     rows = core.read_rows(reader, config, tokenizer, table, agent_column)
     reader.check_some_valid(len(rows.rewards))
-    step = config.length_penalty_coeff_warmup_steps if args.step is None else args.step
+    step = schedule_end(config) if args.step is None else args.step
     batch, result, advantages = core.shape(rows, config, core.trl_normalization(scale_rewards), step)
     facts = core.group_facts(batch, result, config)
     print(

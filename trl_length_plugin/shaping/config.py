@@ -335,6 +335,61 @@ def _block_or_none(value: Any) -> Any:
     return None if isinstance(block, Mapping) and not block else block
 
 
+def _schedule_entries(value: Any) -> Any:
+    """``length_schedule`` from a list, a JSON array string or the path of a YAML file (holding the list or
+    a mapping whose only key is ``length_schedule``); None is no schedule."""
+    if value is None:
+        return ()
+    if isinstance(value, str) and value.strip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"not valid JSON ({err})") from None
+    if isinstance(value, str | Path):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{str(value)!r} is neither a JSON array nor the path of a YAML file")
+        value = read_yaml(path) or ()
+        if isinstance(value, Mapping) and set(value) == {"length_schedule"}:
+            value = value["length_schedule"] or ()
+    return value
+
+
+class ScheduleStage(BaseModel):
+    """One stage of a ``length_schedule`` entry: ``value``, or a linear ramp ``start`` -> ``end``, until
+    optimizer step ``until_step`` (exclusive; docs/reference/length-coefficient.md §3.7)."""
+
+    model_config = _STRICT
+
+    until_step: Annotated[int, Field(ge=1), BeforeValidator(_not_bool)]
+    value: Number | None = None
+    start: Number | None = None
+    end: Number | None = None
+
+    @model_validator(mode="after")
+    def _value_or_ramp(self) -> ScheduleStage:
+        ramp = (self.start, self.end) != (None, None)
+        if (self.value is None) != ramp or (ramp and None in (self.start, self.end)):
+            raise ValueError("a stage needs either value, or start and end (a ramp)")
+        return self
+
+
+class KeySchedule(BaseModel):
+    """One ``length_schedule`` entry: the dotted path of a numeric key and its stages, in step order (§3.7)."""
+
+    model_config = _STRICT
+
+    key: Annotated[str, Field(min_length=1)]
+    stages: Annotated[tuple[ScheduleStage, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _steps_increase(self) -> KeySchedule:
+        steps = [stage.until_step for stage in self.stages]
+        if any(later <= earlier for earlier, later in zip(steps, steps[1:], strict=False)):
+            raise ValueError(f"until_step must increase from stage to stage, got {steps}")
+        return self
+
+
 class LengthShapingConfig(_WarnOnce, BaseModel):
     """Every length-shaping key of a run: the penalty block (docs/reference/length-penalties.md §2), the
     coefficient with its floor and warm-up (docs/reference/length-coefficient.md §3.1), the reasoning tags
@@ -350,6 +405,7 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
     length_penalty_coeff: NonNegative = 0.0
     length_penalty_min_tokens: Count = 0
     length_penalty_coeff_warmup_steps: Count = 0
+    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(_schedule_entries)] = ()
     reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
     drop_zero_std_groups: bool = False
 
@@ -376,6 +432,9 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
                 f"reasoning_tags: {list(self.reasoning_tags)} disagrees with length_penalty.reasoning_tags "
                 f"{list(block.reasoning_tags)}; set one of them"
             )
+        from .schedule import check_schedule
+
+        check_schedule(self)
         return self
 
     @property
@@ -406,11 +465,10 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
         return self.reasoning_tags
 
     def coeff_at(self, step: int) -> float:
-        """The coefficient at optimizer step ``step``: linear from 0 over the warm-up, then constant."""
-        warmup = self.length_penalty_coeff_warmup_steps
-        if warmup == 0 or step >= warmup:
-            return self.length_penalty_coeff
-        return self.length_penalty_coeff * max(step, 0) / warmup
+        """The coefficient at optimizer step ``step``: its warm-up or ``length_schedule`` (§3.7)."""
+        from .schedule import config_at
+
+        return config_at(self, step).length_penalty_coeff
 
     def summary(self) -> str:
         """One line saying what is switched on, for the setup log."""
@@ -429,6 +487,8 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
             )
         if self.drop_zero_std_groups:
             parts.append("zero-std filter")
+        if self.length_schedule:
+            parts.append(f"schedule ({', '.join(s.key for s in self.length_schedule)})")
         return "length shaping: " + ("; ".join(parts) if parts else "off")
 
     def uses_tokens(self) -> bool:

@@ -23,6 +23,7 @@ from .groups import GroupLayout
 from .metrics import mean_metrics
 from .normalization import TRL_NORMALIZATION, GroupNormalization, group_advantages, nonzero_std_keep_mask
 from .penalties import LengthPenaltyResult, apply_length_penalties
+from .schedule import config_at, schedule_metrics
 from .threads import single_threaded
 
 
@@ -93,21 +94,23 @@ def shape_rollouts(
 
     ``normalization``: the host's normalization of mixed groups, or None when the host computes the
     advantages itself (verl's ``length_grpo`` estimator calls the same ``group_advantages``); ``step``: the
-    optimizer step, for the coefficient's warm-up; ``coeff`` overrides the coefficient (a user schedule);
-    ``shaping_weight``: the host's weight of the shaping in its total reward.
+    optimizer step, for ``length_schedule`` and the coefficient's warm-up (§3.7: the values of that step,
+    logged as ``length_schedule/<key>``; what is on is judged on ``config``); ``coeff`` overrides the
+    coefficient (a user schedule); ``shaping_weight``: the host's weight of the shaping in its total reward.
     """
     shaping_weight = finite_number(shaping_weight, "shaping_weight")
+    stepped = config_at(config, step)
     with single_threaded():
         layout, raw = batch.layout, batch.rewards.double()
         kinds = classify_groups(layout, raw, batch.multi_component)
         result = ShapingResult(layout, raw.clone(), raw, raw, (~kinds.binary)[layout.gid])
         if config.penalties_on:
-            result.penalties = apply_length_penalties(batch, config.penalties, kinds)
+            result.penalties = apply_length_penalties(batch, stepped.penalties, kinds)
             result.rewards = result.penalties.rewards.double()
             result.row_metrics.update(result.penalties.row_metrics)
         if config.coefficient_on:
-            value = config.coeff_at(step) if coeff is None else coeff
-            result.coefficient = _coefficient(batch, config, kinds, result.rewards, value)
+            value = stepped.length_penalty_coeff if coeff is None else coeff
+            result.coefficient = _coefficient(batch, stepped, kinds, result.rewards, value)
             result.rewards = result.coefficient.rewards.double()
             result.row_metrics.update(result.coefficient.row_metrics())
             result.row_metrics["length_penalty/coeff_skipped_frac"] = result.host_rows.double()
@@ -121,4 +124,6 @@ def shape_rollouts(
         if config.drop_zero_std_groups:
             result.keep = nonzero_std_keep_mask(result.totals, raw, layout)
             result.row_metrics["length_penalty/zero_std_filtered_frac"] = (~result.keep).double()
+        for name, value in schedule_metrics(config, step).items():
+            result.row_metrics[name] = torch.full_like(raw, value)
     return result

@@ -47,4 +47,7 @@ def shaping_settings_lines(config: LengthShapingConfig) -> list[str]:
         lines.append(f"{PREFIX}length coefficient: {values}")
     if config.drop_zero_std_groups:
         lines.append(f"{PREFIX}zero-std filter: drop_zero_std_groups=true")
+    if config.length_schedule:
+        schedule = [s.model_dump(mode="json", exclude_none=True) for s in config.length_schedule]
+        lines.append(f"{PREFIX}length schedule: length_schedule={_value(schedule)}")
     return lines

@@ -110,6 +110,15 @@ class LengthPluginGRPOConfig(GRPOConfig):
             "help": "Raise the coefficient linearly from 0 to `length_penalty_coeff` over this many steps."
         },
     )
+    length_schedule: list | str | None = field(
+        default=None,
+        metadata={
+            "help": "Move numeric length-shaping keys through stages by optimizer step "
+            "(docs/reference/length-coefficient.md §3.7): a YAML list in a recipe, a JSON array or the path "
+            "of a YAML file on the command line; each entry is {key: <dotted key>, stages: [{until_step, "
+            "value | start, end}]}."
+        },
+    )
     drop_zero_std_groups: bool = field(
         default=False,
         metadata={

@@ -64,7 +64,8 @@ class LengthPenaltyReward:
     ``num_generations``: optional, TRL's G (it is read from the calling trainer; a different value is an
     error); ``tokenizer``: required when some agent counts ``tokens``; ``reasoning_tags``: the reasoning
     channel's tags when the block sets none (default ``<think>``, ``</think>``); ``metrics``: when true (default),
-    the §2.15 metrics go to TRL's logs through ``log_metric``.
+    the §2.15 metrics go to TRL's logs through ``log_metric``; ``length_schedule``: keys of the block moved
+    by the calling trainer's global step (docs/reference/length-coefficient.md §3.7).
     """
 
     __name__ = "length_penalty"
@@ -78,9 +79,10 @@ class LengthPenaltyReward:
         reasoning_tags: Sequence[str] | None = None,
         agent_column: str = "agent",
         metrics: bool = True,
+        length_schedule: Sequence[Mapping[str, Any]] | str | None = None,
     ):
         try:
-            given = {"length_penalty": length_penalty}
+            given = {"length_penalty": length_penalty, "length_schedule": length_schedule}
             if reasoning_tags is not None:  # else the block's own tags, or the default pair (reference §2.5)
                 given["reasoning_tags"] = reasoning_tags
             config = load_shaping_config(given)
@@ -182,7 +184,9 @@ class LengthPenaltyReward:
             metadata=self._metadata,
             device=state.device,
         )
-        result = shape_rollouts(batch, self.shaping)
+        trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
+        step = 0 if trainer_state is None else trainer_state.global_step
+        result = shape_rollouts(batch, self.shaping, step=step)
         log_group_records(result.penalties.groups, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():

@@ -34,6 +34,7 @@ from trl_length_plugin._logging import plugin_log_level
 from trl_length_plugin.shaping import GroupNormalization, ShapingResult, shape_rollouts
 from trl_length_plugin.shaping.log import log_length_coefficient
 from trl_length_plugin.shaping.records import log_group_records
+from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
 from trl_length_plugin.shaping.settings import shaping_settings_lines
 from trl_length_plugin.trl_integration import _host, vllm_topk
 from trl_length_plugin.trl_integration.callback import LengthPluginCallback
@@ -397,6 +398,24 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             return loss
         # per-sequence losses average over all N rows; filtered rows leave that count (§3.3, §4.1)
         return loss * scale[0]
+
+    # -- checkpoints (the length schedule's record, docs/reference/length-coefficient.md §3.7) -----------
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._shaping.enabled and self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            save_schedule_state(self._shaping, self.state.global_step, folder)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self._shaping.enabled and checkpoint is not None:
+            said = resume_message(self._shaping, self.state.global_step, checkpoint)
+            if said is not None:
+                (logger.warning if said[0] else logger.info)(said[1])
 
     # -- model card -------------------------------------------------------------------------------------
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

@@ -1,0 +1,222 @@
+"""The length schedule (curriculum): numeric keys of the shaping config moved through stages by optimizer
+step (docs/reference/length-coefficient.md §3.7).
+
+A ``length_schedule`` entry names a numeric key by its dotted path in ``LengthShapingConfig`` (for example
+``length_penalty_coeff`` or ``length_penalty.default.group_total_length_penalty_coeff``) and lists stages:
+each holds a ``value`` or ramps linearly from ``start`` to ``end`` until ``until_step`` (exclusive); after
+the last stage the key has the value the config gives it. The coefficient's warm-up is the one-stage
+schedule ``[{until_step: W, start: 0, end: length_penalty_coeff}]``.
+
+:func:`config_at` gives the config of one step (every scheduled key at its value, no schedule left);
+hosts pass the optimizer step to ``shape_rollouts``, which calls it, so TRL and verl move the same keys
+the same way. :func:`check_schedule` validates the entries against the config when it is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from .config import (
+    KeySchedule,
+    LengthPenaltyConfig,
+    LengthShapingConfig,
+    ScheduleStage,
+    _unwrapped,
+    did_you_mean,
+)
+
+#: the checkpoint file that records the schedule and its values at the saved step
+STATE_FILE = "length_schedule_state.json"
+WARMUP_KEY = "length_penalty_coeff"
+
+
+def warmup_schedule(config: LengthShapingConfig) -> KeySchedule | None:
+    """``length_penalty_coeff_warmup_steps`` as a schedule: a ramp from 0 to the coefficient (§3.7)."""
+    steps = config.length_penalty_coeff_warmup_steps
+    if not steps:
+        return None
+    return KeySchedule(
+        key=WARMUP_KEY, stages=(ScheduleStage(until_step=steps, start=0.0, end=config.length_penalty_coeff),)
+    )
+
+
+def schedules(config: LengthShapingConfig) -> tuple[KeySchedule, ...]:
+    """Every schedule of the run: the written ``length_schedule`` and the warm-up's."""
+    warmup = warmup_schedule(config)
+    return (*config.length_schedule, *([warmup] if warmup else []))
+
+
+def schedule_end(config: LengthShapingConfig) -> int:
+    """The first step after every stage (0 without a schedule): from there each key has its config value."""
+    return max((s.stages[-1].until_step for s in schedules(config)), default=0)
+
+
+def value_at(schedule: KeySchedule, step: int, final: float) -> float:
+    """The key's value at optimizer step ``step`` (negative steps count as 0); ``final`` after the last stage."""
+    step, begin = max(step, 0), 0
+    for stage in schedule.stages:
+        if step < stage.until_step:
+            if stage.value is not None:
+                return stage.value
+            return stage.start + (stage.end - stage.start) * (step - begin) / (stage.until_step - begin)
+        begin = stage.until_step
+    return final
+
+
+def _field(owner: type[BaseModel], name: str):
+    return owner.model_fields[name]
+
+
+def _leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, str]:
+    """The model instance that holds ``key``'s last part, and that part; ``ValueError`` naming the key when
+    the path is unknown, passes through a block the config does not set, or ends on a non-number."""
+    *path, name = key.split(".")
+    node: Any = config
+    for depth, part in enumerate(path):
+        where = ".".join(path[: depth + 1])
+        if isinstance(node, dict):
+            if part not in node or node[part] is None:
+                raise ValueError(
+                    f"{where}: not set in the config (known: {', '.join(sorted(node)) or 'none'})"
+                )
+            node = node[part]
+            continue
+        if part not in type(node).model_fields:
+            raise ValueError(f"{where}: unknown key{did_you_mean(part, type(node).model_fields)}")
+        node = getattr(node, part)
+        if node is None:
+            raise ValueError(f"{where}: not set in the config; a schedule moves a key the config sets")
+        if not isinstance(node, BaseModel | dict):
+            raise ValueError(f"{where}: not a block of keys")
+    if not isinstance(node, BaseModel) or name not in type(node).model_fields:
+        known = type(node).model_fields if isinstance(node, BaseModel) else ()
+        raise ValueError(f"{key}: unknown key{did_you_mean(name, known)}")
+    kind = _unwrapped(_field(type(node), name).annotation)
+    if kind not in (int, float):
+        raise ValueError(f"{key}: not a numeric key (a schedule moves numbers)")
+    return node, name
+
+
+def check_schedule(config: LengthShapingConfig) -> None:
+    """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
+    a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
+    accepts, ramps only on float keys, each key once and not both scheduled and warmed up."""
+    seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
+    for index, schedule in enumerate(config.length_schedule):
+        prefix = f"length_schedule.{index}.key: {schedule.key}"
+        if schedule.key in seen:
+            also = " and by length_penalty_coeff_warmup_steps" if schedule.key == WARMUP_KEY else " twice"
+            raise ValueError(f"{prefix}: scheduled{also}; set one schedule per key")
+        seen.add(schedule.key)
+        try:
+            owner, name = _leaf(config, schedule.key)
+        except ValueError as err:
+            raise ValueError(f"length_schedule.{index}.key: {err}") from None
+        if not getattr(owner, name):
+            raise ValueError(
+                f"{prefix}: is 0 (off) in the config; set it to the value the key keeps after the last stage"
+            )
+        field = _field(type(owner), name)
+        adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
+        for number, stage in enumerate(schedule.stages):
+            if stage.value is None and _unwrapped(field.annotation) is int:
+                raise ValueError(
+                    f"length_schedule.{index}.stages.{number}: {schedule.key} is an integer key; give a value, "
+                    "not a ramp"
+                )
+            for value in (stage.value, stage.start, stage.end):
+                if value is None:
+                    continue
+                try:
+                    adapter.validate_python(value)
+                except ValidationError as err:
+                    problem = err.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ValueError(
+                        f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
+                    ) from None
+
+
+def scheduled_values(config: LengthShapingConfig, step: int) -> dict[str, float]:
+    """Each scheduled key's value at ``step``, by key path."""
+    values = {}
+    for schedule in schedules(config):
+        owner, name = _leaf(config, schedule.key)
+        values[schedule.key] = value_at(schedule, step, getattr(owner, name))
+    return values
+
+
+def _copy(model: BaseModel, update: dict[str, Any]) -> BaseModel:
+    """``model`` with ``update``; warn-once memory stays shared, the per-agent merge cache starts afresh."""
+    copy = model.model_copy(update=update)
+    if isinstance(copy, LengthPenaltyConfig):
+        copy._resolved = {}
+    return copy
+
+
+def _with_value(node: Any, parts: list[str], value: float) -> Any:
+    head, *rest = parts
+    if isinstance(node, dict):
+        return {**node, head: _with_value(node[head], rest, value)}
+    if not rest:
+        kind = _unwrapped(_field(type(node), head).annotation)
+        return _copy(node, {head: int(value) if kind is int else float(value)})
+    return _copy(node, {head: _with_value(getattr(node, head), rest, value)})
+
+
+def config_at(config: LengthShapingConfig, step: int) -> LengthShapingConfig:
+    """The config of optimizer step ``step``: each scheduled key at its value, without schedule or warm-up.
+
+    What is switched on is judged on ``config`` (a key scheduled through 0 stays on, §3.7)."""
+    values = scheduled_values(config, step)
+    if not values:
+        return config
+    stepped: Any = config
+    for key, value in values.items():
+        stepped = _with_value(stepped, key.split("."), value)
+    return _copy(stepped, {"length_schedule": (), "length_penalty_coeff_warmup_steps": 0})
+
+
+def schedule_metrics(config: LengthShapingConfig, step: int) -> dict[str, float]:
+    """``length_schedule/<key>``: each scheduled key's value at ``step``, for the host's metrics."""
+    return {f"length_schedule/{key}": value for key, value in scheduled_values(config, step).items()}
+
+
+def schedule_state(config: LengthShapingConfig, step: int) -> dict[str, Any]:
+    """What a checkpoint records: the step, the schedules and their values there."""
+    return {
+        "step": step,
+        "schedules": [s.model_dump(mode="json", exclude_none=True) for s in schedules(config)],
+        "values": scheduled_values(config, step),
+    }
+
+
+def save_schedule_state(config: LengthShapingConfig, step: int, folder: str) -> None:
+    """Write :func:`schedule_state` to ``folder/STATE_FILE`` (nothing when no key is scheduled)."""
+    if schedules(config):
+        with open(os.path.join(folder, STATE_FILE), "w") as state:
+            json.dump(schedule_state(config, step), state)
+
+
+def resume_message(config: LengthShapingConfig, step: int, folder: str) -> tuple[bool, str] | None:
+    """On resume at ``step`` from ``folder``: ``(is_warning, message)``; a warning when the checkpoint's
+    schedule differs from the config's or its file is missing, else where the schedule continues. None
+    when no key is scheduled."""
+    if not schedules(config):
+        return None
+    path = os.path.join(folder, STATE_FILE)
+    now = schedule_state(config, step)
+    if not os.path.exists(path):
+        return True, f"length_schedule: {path} not found; the schedule continues by step {step}"
+    with open(path) as state:
+        saved = json.load(state)
+    if saved.get("schedules") != now["schedules"]:
+        return True, (
+            f"length_schedule: the checkpoint's schedule {saved.get('schedules')} differs from the config's "
+            f"{now['schedules']}; continuing with the config's at step {step}"
+        )
+    values = ", ".join(f"{key}={value:g}" for key, value in now["values"].items())
+    return False, f"length_schedule: resumed at step {step}: {values}"
