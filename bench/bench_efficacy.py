@@ -3,8 +3,8 @@
 Each arm trains the warm-started embedded model of each seed with the demo's GRPO settings
 (``trl_length_plugin.demo``: 60 steps of 4 prompts x 8 completions) on the task ``--task`` names (the
 arithmetic task, or the reasoning task whose held-out figures are also recorded per difficulty level),
-then samples the held-out problems (never trained on) at the training temperature. Baseline: plain GRPO of the same seeds, in the same grid.
-Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
+then samples the held-out problems (never trained on) at the training temperature. Baseline: plain GRPO of
+the same seeds, in the same grid. Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
 samples, and the means of TRL's ``length_penalty/*`` metrics. The profile arms read per-prompt profiles
 made from the warm model's own rollouts (``warm_reference``).
 
@@ -221,10 +221,9 @@ def uses_profiles(arm: Arm) -> bool:
 def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
     """The warm model of ``task`` and ``seed`` before any RL: its held-out ``eval`` figures
     (``demo.held_out_figures``), and ``profiles`` of its own rollouts, ``PROFILE_SAMPLES`` per training
-    problem at the training settings: ``profiled_rewards``,
-    ``profiled_output_lengths`` (total length in tokens as the shaping measures it,
-    docs/reference/length-penalties.md §2.5) and a ``band`` from the passing lengths (a, b = their 25th and
-    75th percentiles; none with fewer than two passing rollouts)."""
+    problem at the training settings: ``profiled_rewards``, ``profiled_output_lengths`` (total length in
+    tokens as the shaping measures it, docs/reference/length-penalties.md §2.5) and a ``band`` from the
+    passing lengths (a, b = their 25th and 75th percentiles; none with fewer than two passing rollouts)."""
     from transformers import AutoModelForCausalLM
 
     from trl_length_plugin.embedded import load_tokenizer
