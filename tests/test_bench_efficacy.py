@@ -394,3 +394,27 @@ def test_reasoning_task_trains_on_level_blocks_and_keeps_held_out_problems_apart
         for i in range(0, len(levels), prompts_per_step)
     )
     assert not {demo.question(row) for row in train} & {demo.question(row) for row in held_out}
+
+
+def test_a_reasoning_summary_regenerates_its_level_table(tmp_path):
+    records = [
+        {
+            **level_record(name, seed, [(0.9 - 0.1 * seed, 14.0, 0.1, 0.2), (0.5, 30.0 - seed, 0.2, 0.1)]),
+            "settings": bench.settings(bench.arms_by_name(demo.REASONING)[name], 5, demo.REASONING),
+        }
+        for name in (bench.PLAIN, "TRL truncation mask budget 2L/3")
+        for seed in range(2)
+    ]
+    warm = [{"eval": records[0]["eval"]}] * 2
+    summary = bench.write_summary(records, warm, [0, 1], tmp_path / "runs.json")
+    bench.main(
+        ["--from-summary", str(summary), "--out", str(tmp_path / "out"), "--png", str(tmp_path / "p.png")]
+    )
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert (
+        "| TRL truncation mask budget 2L/3 | 85.0 / 14.0 / 10.0 / 0.20 | 50.0 / 29.5 / 20.0 / 0.10 |" in table
+    )
+    assert (
+        bench.arms_by_name(demo.REASONING)["TRL truncation mask budget 2L/3"].keys["max_completion_length"]
+        == 42
+    )
