@@ -1,9 +1,10 @@
 """Which length control to pick: every shaping algorithm, the coefficient, GSPO and LUSPO on the embedded task.
 
 Each arm trains the warm-started embedded model of each seed with the demo's GRPO settings
-(``trl_length_plugin.demo``: 60 steps of 4 prompts x 8 completions), then samples the held-out problems
-(never trained on) at the training temperature. Baseline: plain GRPO of the same seeds, in the same grid.
-Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
+(``trl_length_plugin.demo``: 60 steps of 4 prompts x 8 completions) on the task ``--task`` names (the
+arithmetic task, or the reasoning task whose held-out figures are also recorded per difficulty level),
+then samples the held-out problems (never trained on) at the training temperature. Baseline: plain GRPO of
+the same seeds, in the same grid. Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
 samples, and the means of TRL's ``length_penalty/*`` metrics. The profile arms read per-prompt profiles
 made from the warm model's own rollouts (``warm_reference``).
 
@@ -13,7 +14,8 @@ worker processes. At the end: the tables (``--out``/table.md), ``case | measured
 lines, the Pareto PNG and the best trade-off. Recorded in docs/efficacy.md:
 
     OMP_NUM_THREADS=1 python -m bench.bench_efficacy --png docs/images/efficacy_pareto.png
-        [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...] [--out outputs/efficacy]
+        [--task arithmetic|reasoning] [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...]
+        [--out outputs/efficacy, or outputs/efficacy-reasoning]
 """
 
 from __future__ import annotations
@@ -80,44 +82,54 @@ def penalty(**params) -> dict:
     return {"length_penalty": {"default": params}}
 
 
-#: the longest completion of a run (the peers' maximum length)
-MAX_LEN = demo.TRAINING["max_completion_length"]
-#: the length controls TRL and verl ship, and two without shipped code (bench/peer_arms.py), as arms
-PEER_ARMS = [
-    Arm("TRL soft overlong", "buffer L/4", rewards=(("soft_overlong_reward", dict(cache=MAX_LEN // 4)),)),
-    Arm("TRL soft overlong", "buffer L/2", rewards=(("soft_overlong_reward", dict(cache=MAX_LEN // 2)),)),
-    Arm("TRL cosine", "", rewards=(("cosine_reward", {}),), correctness_weight=0.0),
-    Arm(
-        "TRL truncation mask",
-        "budget 2L/3",
-        {"mask_truncated_completions": True, "max_completion_length": 2 * MAX_LEN // 3},
-    ),
-    Arm(
-        "verl DAPO overlong buffer", "L/4", rewards=(("dapo_overlong_reward", dict(buffer_len=MAX_LEN // 4)),)
-    ),
-    Arm("Kimi k1.5 length reward", "1.0", rewards=(("kimi_length_reward", dict(weight=1.0)),)),
-    Arm("per-token penalty", "0.005", rewards=(("per_token_penalty", dict(alpha=0.005)),)),
-    Arm("per-token penalty", "0.01", rewards=(("per_token_penalty", dict(alpha=0.01)),)),
-]
-#: the arguments each peer builder takes from the run's settings
+def peer_arms(max_len: int) -> list[Arm]:
+    """The length controls TRL and verl ship, and two without shipped code (bench/peer_arms.py), as arms of
+    runs whose longest completion is ``max_len`` tokens (L)."""
+    return [
+        Arm("TRL soft overlong", "buffer L/4", rewards=(("soft_overlong_reward", dict(cache=max_len // 4)),)),
+        Arm("TRL soft overlong", "buffer L/2", rewards=(("soft_overlong_reward", dict(cache=max_len // 2)),)),
+        Arm("TRL cosine", "", rewards=(("cosine_reward", {}),), correctness_weight=0.0),
+        Arm(
+            "TRL truncation mask",
+            "budget 2L/3",
+            {"mask_truncated_completions": True, "max_completion_length": 2 * max_len // 3},
+        ),
+        Arm(
+            "verl DAPO overlong buffer",
+            "L/4",
+            rewards=(("dapo_overlong_reward", dict(buffer_len=max_len // 4)),),
+        ),
+        Arm("Kimi k1.5 length reward", "1.0", rewards=(("kimi_length_reward", dict(weight=1.0)),)),
+        Arm("per-token penalty", "0.005", rewards=(("per_token_penalty", dict(alpha=0.005)),)),
+        Arm("per-token penalty", "0.01", rewards=(("per_token_penalty", dict(alpha=0.01)),)),
+    ]
+
+
+#: the longest completion of an arithmetic-task run (the peers' maximum length there), and its peer arms
+MAX_LEN = demo.ARITHMETIC.max_length
+PEER_ARMS = peer_arms(MAX_LEN)
+#: the arguments each peer builder takes from the run's GRPO settings
 PEER_CONTEXT = {
-    "soft_overlong_reward": lambda: dict(max_completion_len=MAX_LEN),
-    "dapo_overlong_reward": lambda: dict(max_resp_len=MAX_LEN),
-    "cosine_reward": lambda: dict(max_len=MAX_LEN),
-    "kimi_length_reward": lambda: dict(num_generations=demo.TRAINING["num_generations"]),
-    "per_token_penalty": dict,
+    "soft_overlong_reward": lambda training: dict(max_completion_len=training["max_completion_length"]),
+    "dapo_overlong_reward": lambda training: dict(max_resp_len=training["max_completion_length"]),
+    "cosine_reward": lambda training: dict(max_len=training["max_completion_length"]),
+    "kimi_length_reward": lambda training: dict(num_generations=training["num_generations"]),
+    "per_token_penalty": lambda training: {},
 }
 
 
-def peer_rewards(arm: Arm) -> tuple[list, list[float]]:
-    """The reward functions an arm adds to the correctness reward, and every reward's weight."""
+def peer_rewards(arm: Arm, task: demo.Task = demo.ARITHMETIC) -> tuple[list, list[float]]:
+    """The reward functions an arm adds to the correctness reward on ``task``, and every reward's weight."""
     from bench import peer_arms
 
-    functions = [getattr(peer_arms, name)(**PEER_CONTEXT[name](), **args) for name, args in arm.rewards]
+    functions = [
+        getattr(peer_arms, name)(**PEER_CONTEXT[name](task.training), **args) for name, args in arm.rewards
+    ]
     return functions, [arm.correctness_weight] + [1.0] * len(functions)
 
 
-ARMS = [
+#: our arms, the same on every task
+OWN_ARMS = [
     Arm("plain GRPO", ""),
     Arm("shortest bonus / longest penalty", "0.2", penalty(total_bonus=0.2, longest_total_penalty=0.2)),
     Arm("shortest bonus / longest penalty", "0.5", penalty(total_bonus=0.5, longest_total_penalty=0.5)),
@@ -185,10 +197,16 @@ ARMS = [
     ),
     Arm("GSPO", "", {"loss_type": "grpo", "importance_sampling_level": "sequence", **CLIP}),
     Arm("LUSPO", "", {"luspo": True}),
-    *PEER_ARMS,
 ]
+#: every arm of the grid on each task: ours, then the peers at the task's maximum length
+TASK_ARMS = {name: [*OWN_ARMS, *peer_arms(task.max_length)] for name, task in demo.TASKS.items()}
+ARMS = TASK_ARMS[demo.ARITHMETIC.name]
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
 PLAIN = ARMS[0].name
+
+
+def arms_by_name(task: demo.Task) -> dict[str, Arm]:
+    return {arm.name: arm for arm in TASK_ARMS[task.name]}
 
 
 def slug(name: str) -> str:
@@ -200,23 +218,26 @@ def uses_profiles(arm: Arm) -> bool:
     return any(params.get(key) for key in PROFILE_KEYS)
 
 
-def warm_reference(seed: int) -> dict:
-    """The warm model of ``seed`` before any RL: its held-out ``eval`` figures, and ``profiles`` of its own
-    rollouts, ``PROFILE_SAMPLES`` per training problem at the training settings: ``profiled_rewards``,
-    ``profiled_output_lengths`` (total length in tokens as the shaping measures it,
-    docs/reference/length-penalties.md §2.5) and a ``band`` from the passing lengths (a, b = their 25th and
-    75th percentiles; none with fewer than two passing rollouts)."""
+def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
+    """The warm model of ``task`` and ``seed`` before any RL: its held-out ``eval`` figures
+    (``demo.held_out_figures``), and ``profiles`` of its own rollouts, ``PROFILE_SAMPLES`` per training
+    problem at the training settings: ``profiled_rewards``, ``profiled_output_lengths`` (total length in
+    tokens as the shaping measures it, docs/reference/length-penalties.md §2.5) and a ``band`` from the
+    passing lengths (a, b = their 25th and 75th percentiles; none with fewer than two passing rollouts)."""
     from transformers import AutoModelForCausalLM
 
-    from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
+    from trl_length_plugin.embedded import load_tokenizer
     from trl_length_plugin.shaping import measure_lengths
 
-    model_dir = embedded_model_dir(warm_start=True, seed=seed)
+    model_dir = task.model_dir(seed)
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    held_out = demo.sample(model, tokenizer, demo.held_out_dataset(), demo.EVAL_SAMPLES, demo.HELD_OUT_SEED)
-    problems = demo.distinct_problems(demo.training_dataset(seed))
-    rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed)
+    held_out_problems = task.held_out()
+    held_out = demo.sample(
+        model, tokenizer, held_out_problems, demo.EVAL_SAMPLES, demo.HELD_OUT_SEED, task.max_length
+    )
+    problems = demo.distinct_problems(task.training_set(seed))
+    rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed, task.max_length)
     totals = measure_lengths([r["text"] for r in rollouts], "tokens", tokenizer).total.tolist()
     profiles = {}
     for row in range(len(problems)):
@@ -232,19 +253,25 @@ def warm_reference(seed: int) -> dict:
             "band": band,
         }
     return dict(
-        settings=warm_settings(),
-        eval=dict(
-            length=statistics.fmean(r["tokens"] for r in held_out),
-            accuracy=statistics.fmean(r["correct"] for r in held_out),
-        ),
+        settings=warm_settings(task),
+        eval=demo.held_out_figures(held_out, held_out_problems),
         profiles=profiles,
     )
 
 
-def warm_settings() -> dict:
+def with_task(stored: dict, task: demo.Task) -> dict:
+    """Stored settings naming their task; the arithmetic task's as before the switch, so its stored runs stay
+    valid (they differ from the others' in their training settings too)."""
+    return stored if task is demo.ARITHMETIC else {**stored, "task": task.name}
+
+
+def warm_settings(task: demo.Task = demo.ARITHMETIC) -> dict:
     return json.loads(
         json.dumps(
-            dict(eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=demo.TRAINING)
+            with_task(
+                dict(eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=task.training),
+                task,
+            )
         )
     )
 
@@ -268,44 +295,50 @@ def with_profiles(dataset, profiles: dict[str, dict], band_floor: float):
     return dataset.map(columns)
 
 
-def settings(arm: Arm, steps: int) -> dict:
+def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
     """Everything a run's result depends on, as JSON stores it; a stored run with other settings is redone."""
     profiles = uses_profiles(arm)
-    return json.loads(
-        json.dumps(
-            dict(
-                keys=arm.keys,
-                rewards=[[name, args] for name, args in arm.rewards],
-                correctness_weight=arm.correctness_weight,
-                band_floor=arm.band_floor if profiles else None,
-                profile_samples=PROFILE_SAMPLES if profiles else None,
-                steps=steps,
-                training=demo.TRAINING,
-                eval_samples=demo.EVAL_SAMPLES,
-            )
-        )
+    stored = dict(
+        keys=arm.keys,
+        rewards=[[name, args] for name, args in arm.rewards],
+        correctness_weight=arm.correctness_weight,
+        band_floor=arm.band_floor if profiles else None,
+        profile_samples=PROFILE_SAMPLES if profiles else None,
+        steps=steps,
+        training=task.training,
+        eval_samples=demo.EVAL_SAMPLES,
     )
+    return json.loads(json.dumps(with_task(stored, task)))
 
 
-def train_run(arm_name: str, seed: int, steps: int, out: str) -> dict:
-    """One run: train, sample the held-out problems, return the record stored as JSON."""
-    arm = ARMS_BY_NAME[arm_name]
+def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = demo.ARITHMETIC.name) -> dict:
+    """One run on the task named ``task_name``: train, sample the held-out problems, return the record stored
+    as JSON."""
+    task = demo.TASKS[task_name]
+    arm = arms_by_name(task)[arm_name]
     started = time.perf_counter()
-    dataset = demo.training_dataset(seed)
+    dataset = task.training_set(seed)
     if uses_profiles(arm):
         profiles = json.loads(warm_path(Path(out), seed).read_text())["profiles"]
         dataset = with_profiles(dataset, profiles, arm.band_floor)
     with tempfile.TemporaryDirectory() as tmp:
-        rewards, weights = peer_rewards(arm)
+        rewards, weights = peer_rewards(arm, task)
         result = demo.train_and_evaluate(
-            arm.keys, seed, steps, tmp, train_dataset=dataset, extra_rewards=rewards, reward_weights=weights
+            arm.keys,
+            seed,
+            steps,
+            tmp,
+            train_dataset=dataset,
+            extra_rewards=rewards,
+            reward_weights=weights,
+            task=task,
         )
     history = [row for row in result["history"] if demo.LENGTH_KEY in row]
     metrics = sorted({key for row in history for key in row if key.startswith("length_penalty/")})
     return dict(
         arm=arm.name,
         seed=seed,
-        settings=settings(arm, steps),
+        settings=settings(arm, steps, task),
         train=dict(
             length=demo.tail_mean(history, demo.LENGTH_KEY, TAIL),
             accuracy=demo.tail_mean(history, demo.ACCURACY_KEY, TAIL),
@@ -333,13 +366,13 @@ def run_path(out: Path, arm_name: str, seed: int) -> Path:
     return out / "runs" / f"{slug(arm_name)}-seed{seed}.json"
 
 
-def finished(out: Path, arm: Arm, seed: int, steps: int) -> dict | None:
+def finished(out: Path, arm: Arm, seed: int, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict | None:
     """The stored record of this run with these settings, if any."""
     path = run_path(out, arm.name, seed)
     if not path.exists():
         return None
     record = json.loads(path.read_text())
-    return record if record["settings"] == settings(arm, steps) else None
+    return record if record["settings"] == settings(arm, steps, task) else None
 
 
 def run_grid(
@@ -348,16 +381,18 @@ def run_grid(
     steps: int,
     out: Path,
     jobs: int = 1,
-    run: Callable[[str, int, int, str], dict] = train_run,
+    run: Callable[[str, int, int, str, str], dict] = train_run,
+    task: demo.Task = demo.ARITHMETIC,
 ) -> list[dict]:
-    """Every (arm, seed) run, finished ones skipped; each new record is written as soon as it finishes."""
+    """Every (arm, seed) run on ``task``, finished ones skipped; each new record is written as soon as it
+    finishes."""
     from tqdm.auto import tqdm
 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     records, todo = [], []
     for arm in arms:
         for seed in seeds:
-            record = finished(out, arm, seed, steps)
+            record = finished(out, arm, seed, steps, task)
             if record is None:
                 todo.append((arm.name, seed))
             else:
@@ -372,10 +407,12 @@ def run_grid(
 
     if jobs == 1:
         for arm_name, seed in todo:
-            keep(run(arm_name, seed, steps, str(out)))
+            keep(run(arm_name, seed, steps, str(out), task.name))
     else:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), initializer=quiet) as pool:
-            futures = [pool.submit(run, arm_name, seed, steps, str(out)) for arm_name, seed in todo]
+            futures = [
+                pool.submit(run, arm_name, seed, steps, str(out), task.name) for arm_name, seed in todo
+            ]
             for future in as_completed(futures):
                 keep(future.result())
     bar.close()
@@ -419,10 +456,31 @@ def mean_spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def level_means(evals: list[dict]) -> list[dict] | None:
+    """Per difficulty level, the mean over seeds of the held-out figures ``demo.held_out_figures`` gives
+    (accuracy and skipping in %), or None where a run has no levels (the arithmetic task)."""
+    if not evals or any("levels" not in e for e in evals):
+        return None
+    by_level: dict[int, list[dict]] = {}
+    for e in evals:
+        for figures in e["levels"]:
+            by_level.setdefault(figures["level"], []).append(figures)
+    return [
+        dict(
+            level=level,
+            accuracy=100 * statistics.fmean(f["accuracy"] for f in runs),
+            length=statistics.fmean(f["length"] for f in runs),
+            skipped=100 * statistics.fmean(f["skipped"] for f in runs),
+            redundant=statistics.fmean(f["redundant"] for f in runs),
+        )
+        for level, runs in sorted(by_level.items())
+    ]
+
+
 def summarize(records: list[dict], arms: list[Arm]) -> list[dict]:
     """Per arm with a run for every seed of plain GRPO: (mean, spread over seeds) of each figure; changes vs
     plain GRPO are taken per seed against the same seed's plain run (held-out length in %, accuracy in
-    points), as are the means of the shaping metrics."""
+    points), as are the means of the shaping metrics; ``levels``: the per-level means (``level_means``)."""
     by_run = {(r["arm"], r["seed"]): r for r in records}
     seeds = sorted(seed for name, seed in by_run if name == PLAIN)
     rows = []
@@ -446,22 +504,53 @@ def summarize(records: list[dict], arms: list[Arm]) -> list[dict]:
         row["shaping"] = {
             key: statistics.fmean(r["shaping"].get(key, 0.0) for r, _ in pairs) for key in STATS
         }
+        row["levels"] = level_means([r["eval"] for r, _ in pairs])
         rows.append(row)
     return rows
 
 
-def best_trade_off(rows: list[dict]) -> dict:
-    """The arm with the largest mean held-out length cut whose mean accuracy loss is at most 2 points."""
+def best_trade_off(rows: list[dict]) -> dict | None:
+    """The arm with the largest mean held-out length cut whose mean accuracy loss is at most 2 points (None
+    when no arm keeps accuracy so)."""
     eligible = [r for r in rows if r["arm"].name != PLAIN and r["accuracy_change"][0] >= -MAX_ACCURACY_LOSS]
-    return min(eligible, key=lambda r: r["length_change"][0])
+    return min(eligible, key=lambda r: r["length_change"][0], default=None)
 
 
 def _pm(pair: tuple[float, float], digits: int = 1, sign: str = "") -> str:
     return f"{pair[0]:{sign}.{digits}f} ± {pair[1]:.{digits}f}"
 
 
+def level_table(rows: list[dict], warm: list[dict]) -> list[str]:
+    """Accuracy per level (with length, skipping and redundancy) of the warm start and each arm, means over
+    seeds; no lines where the runs have no levels."""
+    named = [("warm start, before RL", level_means([w["eval"] for w in warm]))]
+    named += [(r["arm"].name, r["levels"]) for r in rows]
+    named = [(name, levels) for name, levels in named if levels]
+    if not named:
+        return []
+    numbers = [figures["level"] for figures in named[0][1]]
+    lines = [
+        "",
+        "Accuracy per level (held out, mean over seeds; per level: accuracy %, length in tokens, completions "
+        "skipping necessary steps %, redundant clauses per completion):",
+        "",
+        "| arm | "
+        + " | ".join(f"level {k}: accuracy / length / skipping / redundant" for k in numbers)
+        + " |",
+        "|---|" + "---|" * len(numbers),
+    ]
+    for name, levels in named:
+        cells = [
+            f"{f['accuracy']:.1f} / {f['length']:.1f} / {f['skipped']:.1f} / {f['redundant']:.2f}"
+            for f in levels
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown_tables(rows: list[dict], warm: list[dict]) -> str:
-    """The results table (warm start first) and the table of shaping metrics."""
+    """The results table (warm start first), the table of paired intervals, the table of shaping metrics and,
+    where the runs have difficulty levels, the accuracy per level."""
     lines = [
         "| arm | held-out length (tokens) | length vs plain | held-out accuracy (%) | accuracy vs plain "
         "(points) | train length (tokens) | train accuracy (%) |",
@@ -507,7 +596,7 @@ def markdown_tables(rows: list[dict], warm: list[dict]) -> str:
                 for key, v in r["shaping"].items()
             ]
             lines.append(f"| {r['arm'].name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + level_table(rows, warm))
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:
@@ -584,19 +673,26 @@ def regenerate(summary: Path, out: Path, png: Path) -> None:
     stored = json.loads(summary.read_text())
     records = stored["runs"]
     names = {r["arm"] for r in records}
-    arms = [arm for arm in ARMS if arm.name in names]
+    task = demo.TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
+    arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
     rows = summarize(records, arms)
     tables = markdown_tables(rows, stored["warm"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(tables + "\n")
     print(tables)
     seeds = sorted({r["seed"] for r in records if r["arm"] == PLAIN})
-    plot_pareto(rows, png, f"length control on the embedded task: seeds {seeds[0]}-{seeds[-1]}")
+    plot_pareto(rows, png, f"length control on the embedded {task.name} task: seeds {seeds[0]}-{seeds[-1]}")
     print(f"# from {summary}: {len(records)} runs; tables: {out / 'table.md'}; Pareto PNG: {png}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--task",
+        choices=list(demo.TASKS),
+        default=demo.ARITHMETIC.name,
+        help="the embedded task (docs/embedded.md); its runs are stored apart from the other task's",
+    )
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; figures are means over seeds")
     parser.add_argument("--steps", type=int, default=demo.STEPS, help="GRPO optimizer steps per run")
     parser.add_argument(
@@ -608,8 +704,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--arms", default="", help="comma-separated arm names (default all); plain GRPO always runs"
     )
-    parser.add_argument("--out", default="outputs/efficacy", help="run records, warm profiles, the table")
-    parser.add_argument("--png", default="outputs/efficacy/efficacy_pareto.png", help="the Pareto PNG")
+    parser.add_argument(
+        "--out",
+        default="",
+        help="run records, warm profiles, the table (default outputs/efficacy, or outputs/efficacy-TASK)",
+    )
+    parser.add_argument("--png", default="", help="the Pareto PNG (default OUT/efficacy_pareto.png)")
     parser.add_argument(
         "--summary",
         default="",
@@ -621,38 +721,41 @@ def main(argv: list[str] | None = None) -> None:
         help="regenerate the tables and the PNG from such a JSON file alone: no warm models, no training",
     )
     args = parser.parse_args(argv)
+    task = demo.TASKS[args.task]
+    args.out = args.out or (
+        "outputs/efficacy" if task is demo.ARITHMETIC else f"outputs/efficacy-{task.name}"
+    )
+    args.png = args.png or str(Path(args.out) / "efficacy_pareto.png")
     if args.from_summary:
         return regenerate(Path(args.from_summary), Path(args.out), Path(args.png))
     quiet()
     started = time.perf_counter()
     seeds = [int(s) for s in args.seeds.split(",")]
     wanted = [name.strip() for name in args.arms.split(",") if name.strip() and name.strip() != PLAIN]
-    arms = [ARMS_BY_NAME[PLAIN], *(ARMS_BY_NAME[name] for name in wanted)] if wanted else ARMS
+    by_name = arms_by_name(task)
+    arms = [by_name[PLAIN], *(by_name[name] for name in wanted)] if wanted else TASK_ARMS[task.name]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     warm = []
     for seed in seeds:
         path = warm_path(out, seed)
         stored = json.loads(path.read_text()) if path.exists() else None
-        reference = dict(
-            eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=demo.TRAINING
-        )
-        if stored is None or stored["settings"] != json.loads(json.dumps(reference)):
+        if stored is None or stored["settings"] != warm_settings(task):
             print(
                 f"# warm model of seed {seed}: held-out samples and {PROFILE_SAMPLES} rollouts per training problem"
             )
-            stored = warm_reference(seed)
+            stored = warm_reference(seed, task)
             path.write_text(json.dumps(stored))
         warm.append(stored)
-    records = run_grid(arms, seeds, args.steps, out, args.jobs)
+    records = run_grid(arms, seeds, args.steps, out, args.jobs, task=task)
     if args.summary:
         write_summary(records, warm, seeds, Path(args.summary))
     rows = summarize(records, arms)
     tables = markdown_tables(rows, warm)
     (out / "table.md").write_text(tables + "\n")
     print(
-        f"\n# {args.steps} steps, seeds {args.seeds}; held out: {len(demo.held_out_dataset())} problems x "
-        f"{demo.EVAL_SAMPLES} samples at temperature {demo.TRAINING['temperature']}; train: last {TAIL} steps"
+        f"\n# {task.name} task, {args.steps} steps, seeds {args.seeds}; held out: {len(task.held_out())} problems x "
+        f"{demo.EVAL_SAMPLES} samples at temperature {task.training['temperature']}; train: last {TAIL} steps"
     )
     print(tables)
     header(f"held-out figures, mean over seeds {args.seeds}: each arm (measured) vs plain GRPO (baseline)")
@@ -661,15 +764,20 @@ def main(argv: list[str] | None = None) -> None:
         report(f"{r['arm'].name}: length", r["eval_length"][0], plain["eval_length"][0], "tk")
         report(f"{r['arm'].name}: accuracy", r["eval_accuracy"][0], plain["eval_accuracy"][0], "%")
     png = plot_pareto(
-        rows, Path(args.png), f"length control on the embedded task: {args.steps} steps, seeds {args.seeds}"
+        rows,
+        Path(args.png),
+        f"length control on the embedded {task.name} task: {args.steps} steps, seeds {args.seeds}",
     )
     best = best_trade_off(rows)
-    cut, change = -best["length_change"][0], best["accuracy_change"][0]
-    print(
-        f"# best trade-off (largest held-out length cut at <= {MAX_ACCURACY_LOSS:g} points accuracy loss): "
-        f"{best['arm'].name}: length {-cut:+.1f}%, accuracy {change:+.1f} points; target (>= "
-        f"{TARGET_LENGTH_CUT:g}% shorter) {'met' if cut >= TARGET_LENGTH_CUT else 'not met'}"
-    )
+    if best is None:
+        print(f"# best trade-off: no arm within {MAX_ACCURACY_LOSS:g} points of plain GRPO's accuracy")
+    else:
+        cut, change = -best["length_change"][0], best["accuracy_change"][0]
+        print(
+            f"# best trade-off (largest held-out length cut at <= {MAX_ACCURACY_LOSS:g} points accuracy loss): "
+            f"{best['arm'].name}: length {-cut:+.1f}%, accuracy {change:+.1f} points; target (>= "
+            f"{TARGET_LENGTH_CUT:g}% shorter) {'met' if cut >= TARGET_LENGTH_CUT else 'not met'}"
+        )
     print(
         f"# Pareto PNG: {png}; tables: {out / 'table.md'}; {len(records)} runs, "
         f"{sum(r['seconds'] for r in records) / 60:.1f} min of run time in all; this invocation "

@@ -4,6 +4,7 @@ summary, and that the demo trains the best trade-off docs/efficacy.md names."""
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,8 @@ def fake_record(arm_name: str, seed: int, steps: int, length: float = 20.0, accu
 def test_run_grid_skips_finished_runs(tmp_path):
     calls = []
 
-    def stub(arm_name, seed, steps, out):
+    def stub(arm_name, seed, steps, out, task_name):
+        assert task_name == "arithmetic"
         calls.append((arm_name, seed, steps))
         return fake_record(arm_name, seed, steps)
 
@@ -195,3 +197,224 @@ def test_summary_file_regenerates_the_tables_without_training(tmp_path):
     )
     assert (tmp_path / "out" / "table.md").read_text() == expected + "\n"
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+#: an arithmetic run's stored settings as the grid wrote them before the task switch (copied from that code's
+#: output): stored arithmetic runs and warm profiles must stay valid
+ARITHMETIC_TRAINING = {
+    "per_device_train_batch_size": 32,
+    "num_generations": 8,
+    "max_completion_length": 48,
+    "temperature": 1.0,
+    "learning_rate": 0.0001,
+    "lr_scheduler_type": "constant",
+}
+
+
+def test_arithmetic_settings_are_unchanged_by_the_task_switch():
+    soft = bench.ARMS_BY_NAME["TRL soft overlong buffer L/4"]
+    expected = {
+        "keys": {},
+        "rewards": [["soft_overlong_reward", {"cache": 12}]],
+        "correctness_weight": 1.0,
+        "band_floor": None,
+        "profile_samples": None,
+        "steps": 60,
+        "training": ARITHMETIC_TRAINING,
+        "eval_samples": 64,
+    }
+    assert bench.settings(soft, 60) == bench.settings(soft, 60, demo.ARITHMETIC) == expected
+    band = bench.ARMS_BY_NAME["profile band f 0.2"]
+    assert bench.settings(band, 60) == {
+        **expected,
+        "keys": {"length_penalty": {"default": {"profile_band_total": True}}},
+        "rewards": [],
+        "band_floor": 0.2,
+        "profile_samples": 16,
+    }
+    assert bench.warm_settings() == {
+        "eval_samples": 64,
+        "profile_samples": 16,
+        "training": ARITHMETIC_TRAINING,
+    }
+
+
+def test_reasoning_settings_name_their_task_and_longer_completions():
+    soft = bench.arms_by_name(demo.REASONING)["TRL soft overlong buffer L/4"]
+    stored = bench.settings(soft, 60, demo.REASONING)
+    assert stored["task"] == "reasoning"
+    assert stored["rewards"] == [["soft_overlong_reward", {"cache": 16}]]  # L/4 of 64 tokens
+    assert stored["training"] == {
+        **ARITHMETIC_TRAINING,
+        "max_completion_length": 64,
+        "shuffle_dataset": False,
+    }
+    assert bench.warm_settings(demo.REASONING)["task"] == "reasoning"
+    assert bench.warm_settings(demo.REASONING) != bench.warm_settings()
+
+
+def test_a_stored_run_of_one_task_is_not_reused_for_the_other(tmp_path):
+    calls = []
+
+    def stub(arm_name, seed, steps, out, task_name):
+        calls.append((arm_name, task_name))
+        task = demo.TASKS[task_name]
+        record = fake_record(arm_name, seed, steps)
+        return {**record, "settings": bench.settings(bench.arms_by_name(task)[arm_name], steps, task)}
+
+    plain = bench.ARMS[:1]
+    bench.run_grid(plain, [0], 5, tmp_path, run=stub)
+    bench.run_grid(plain, [0], 5, tmp_path, run=stub, task=demo.REASONING)
+    bench.run_grid(plain, [0], 5, tmp_path, run=stub, task=demo.REASONING)
+    assert calls == [(bench.PLAIN, "arithmetic"), (bench.PLAIN, "reasoning")]  # the third finds its run
+    assert bench.finished(tmp_path, plain[0], 0, 5, demo.ARITHMETIC) is None  # overwritten by reasoning
+
+
+@pytest.mark.parametrize("task", list(demo.TASKS.values()), ids=lambda task: task.name)
+def test_every_arm_of_each_task_builds_a_valid_config_at_its_length(task, tmp_path):
+    from trl_length_plugin.embedded import CPU_RUN_ARGS
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
+
+    arms = bench.TASK_ARMS[task.name]
+    assert [arm.name for arm in arms] == [arm.name for arm in bench.ARMS]  # the same grid on every task
+    for arm in arms:
+        functions, weights = bench.peer_rewards(arm, task)
+        config = LengthPluginGRPOConfig(
+            output_dir=str(tmp_path),
+            max_steps=demo.STEPS,
+            seed=0,
+            **{**task.training, **CPU_RUN_ARGS, "reward_weights": weights, **arm.keys},
+        )
+        assert len(weights) == 1 + len(functions)
+        if arm.name == "TRL truncation mask budget 2L/3":
+            assert config.max_completion_length == 2 * task.max_length // 3
+        else:
+            assert config.max_completion_length == task.max_length
+        assert config.shuffle_dataset == (task is demo.ARITHMETIC)
+    (overlong,) = bench.peer_rewards(bench.arms_by_name(task)["TRL soft overlong buffer L/2"], task)[0]
+    assert (overlong.max_completion_len, overlong.soft_punish_cache) == (
+        task.max_length,
+        task.max_length // 2,
+    )
+
+
+def level_record(arm_name: str, seed: int, levels: list[tuple[float, float, float, float]]) -> dict:
+    """A reasoning-task record whose held-out levels 1.. have (accuracy, length, skipped, redundant)."""
+    figures = [
+        dict(level=k, samples=64, accuracy=a, length=n, skipped=s, redundant=r)
+        for k, (a, n, s, r) in enumerate(levels, start=1)
+    ]
+    record = fake_record(arm_name, seed, 5)
+    record["eval"] = dict(
+        length=statistics.fmean(f["length"] for f in figures),
+        accuracy=statistics.fmean(f["accuracy"] for f in figures),
+        levels=figures,
+    )
+    return record
+
+
+def test_per_level_summary_averages_seeds_and_makes_a_table():
+    records = [
+        level_record(bench.PLAIN, 0, [(0.9, 14.0, 0.05, 0.2), (0.5, 30.0, 0.1, 0.0)]),
+        level_record(bench.PLAIN, 1, [(0.8, 16.0, 0.15, 0.4), (0.6, 28.0, 0.3, 0.1)]),
+        level_record("group-relative 1.0", 0, [(0.9, 12.0, 0.0, 0.0), (0.4, 22.0, 0.5, 0.0)]),
+        level_record("group-relative 1.0", 1, [(1.0, 12.0, 0.0, 0.0), (0.3, 20.0, 0.7, 0.0)]),
+    ]
+    rows = bench.summarize(
+        records, [bench.ARMS_BY_NAME[bench.PLAIN], bench.ARMS_BY_NAME["group-relative 1.0"]]
+    )
+    plain, best = rows[0]["levels"], rows[1]["levels"]
+    assert [f["level"] for f in plain] == [1, 2]
+    assert plain[0] == pytest.approx(dict(level=1, accuracy=85.0, length=15.0, skipped=10.0, redundant=0.3))
+    assert best[1] == pytest.approx(dict(level=2, accuracy=35.0, length=21.0, skipped=60.0, redundant=0.0))
+    warm = [{"eval": records[0]["eval"]}]
+    tables = bench.markdown_tables(rows, warm)
+    assert "| arm | level 1: accuracy / length / skipping / redundant | level 2: accuracy" in tables
+    assert "| warm start, before RL | 90.0 / 14.0 / 5.0 / 0.20 | 50.0 / 30.0 / 10.0 / 0.00 |" in tables
+    assert "| group-relative 1.0 | 95.0 / 12.0 / 0.0 / 0.00 | 35.0 / 21.0 / 60.0 / 0.00 |" in tables
+
+
+def test_no_level_table_for_records_without_levels():
+    records = [fake_record(bench.PLAIN, seed, 5) for seed in range(2)]
+    rows = bench.summarize(records, bench.ARMS[:1])
+    assert rows[0]["levels"] is None
+    tables = bench.markdown_tables(rows, [{"eval": {"length": 25.0, "accuracy": 0.4}}])
+    assert "level" not in tables and tables.count("\n|---|") == 3
+
+
+def test_held_out_figures_read_the_reasoning_levels_with_step_report():
+    from trl_length_plugin.embedded.reasoning import make_reasoning_dataset, shortest_completion
+
+    dataset = make_reasoning_dataset(4, seed=3, levels=(1, 3))
+    level_1 = next(i for i, level in enumerate(dataset["level"]) if level == 1)
+    level_3 = next(i for i, level in enumerate(dataset["level"]) if level == 3)
+    lean = shortest_completion(demo.question(dataset[level_3]))
+    first_step = lean.split(", ")[0]
+    completions = [
+        dict(row=level_1, text=shortest_completion(demo.question(dataset[level_1])), tokens=12, correct=1.0),
+        dict(row=level_3, text=lean, tokens=26, correct=1.0),
+        dict(
+            row=level_3,
+            text=f"{first_step}, {first_step.removeprefix('<think>')}, so 4</think>4",
+            tokens=20,
+            correct=0.0,
+        ),
+    ]
+    figures = demo.held_out_figures(completions, dataset)
+    assert figures["length"] == pytest.approx(58 / 3) and figures["accuracy"] == pytest.approx(2 / 3)
+    assert figures["levels"] == [
+        dict(level=1, samples=1, length=12.0, accuracy=1.0, skipped=0.0, redundant=0.0),
+        dict(level=3, samples=2, length=23.0, accuracy=0.5, skipped=0.5, redundant=0.5),
+    ]
+    arithmetic = demo.held_out_figures(
+        [dict(row=0, text="", tokens=10, correct=0.0)], demo.held_out_dataset()
+    )
+    assert arithmetic == dict(length=10.0, accuracy=0.0)
+
+
+def test_demo_parses_its_task():
+    args = demo.parse_args(["--task", "reasoning", "--steps", "5"])
+    assert (args.task, args.steps, args.output_dir) == ("reasoning", 5, "outputs/demo-reasoning")
+    args = demo.parse_args([])
+    assert (args.task, args.steps, args.output_dir) == ("arithmetic", demo.STEPS, "outputs/demo")
+    assert demo.parse_args(["--task", "reasoning", "--output-dir", "x"]).output_dir == "x"
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--task", "chess"])
+
+
+def test_reasoning_task_trains_on_level_blocks_and_keeps_held_out_problems_apart():
+    task = demo.REASONING
+    train, held_out = task.training_set(0), task.held_out()
+    assert len(train) == demo.REASONING_TRAINING_SIZE
+    assert task.training["shuffle_dataset"] is False
+    prompts_per_step = task.training["per_device_train_batch_size"] // task.training["num_generations"]
+    levels = train["level"]
+    assert all(
+        sorted(levels[i : i + prompts_per_step]) == [1, 2, 3, 4]
+        for i in range(0, len(levels), prompts_per_step)
+    )
+    assert not {demo.question(row) for row in train} & {demo.question(row) for row in held_out}
+
+
+def test_a_reasoning_summary_regenerates_its_level_table(tmp_path):
+    records = [
+        {
+            **level_record(name, seed, [(0.9 - 0.1 * seed, 14.0, 0.1, 0.2), (0.5, 30.0 - seed, 0.2, 0.1)]),
+            "settings": bench.settings(bench.arms_by_name(demo.REASONING)[name], 5, demo.REASONING),
+        }
+        for name in (bench.PLAIN, "TRL truncation mask budget 2L/3")
+        for seed in range(2)
+    ]
+    warm = [{"eval": records[0]["eval"]}] * 2
+    summary = bench.write_summary(records, warm, [0, 1], tmp_path / "runs.json")
+    bench.main(
+        ["--from-summary", str(summary), "--out", str(tmp_path / "out"), "--png", str(tmp_path / "p.png")]
+    )
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert (
+        "| TRL truncation mask budget 2L/3 | 85.0 / 14.0 / 10.0 / 0.20 | 50.0 / 29.5 / 20.0 / 0.10 |" in table
+    )
+    assert (
+        bench.arms_by_name(demo.REASONING)["TRL truncation mask budget 2L/3"].keys["max_completion_length"]
+        == 42
+    )

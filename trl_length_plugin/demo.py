@@ -4,8 +4,8 @@ docs/efficacy.md.
 Each run prints a compact table under a progress bar, then both trained models answer the held-out
 problems; the summary gives the length and accuracy change, and a PNG compares the curves.
 
-Run with ``make demo`` (or ``python -m trl_length_plugin.demo``). No Hub access is needed.
-``bench/bench_efficacy.py`` trains every arm of docs/efficacy.md with the same settings and functions.
+Run with ``make demo`` (or ``python -m trl_length_plugin.demo [--task reasoning]``). No Hub access is
+needed. ``bench/bench_efficacy.py`` trains every arm of docs/efficacy.md with the same settings and functions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from trl_length_plugin.embedded import reasoning
 
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
@@ -38,14 +42,48 @@ EVAL_SAMPLES = 64
 #: the best trade-off of docs/efficacy.md (bench/bench_efficacy.py names and keys it the same way)
 BEST_NAME = "group-relative 1.0"
 BEST = dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}})
+#: the reasoning task's GRPO settings: ``TRAINING`` with room for its longest warm-start targets (57 tokens,
+#: docs/embedded.md) and batches in the dataset's order, so every step holds one problem of each level
+REASONING_TRAINING = {**TRAINING, "max_completion_length": 64, "shuffle_dataset": False}
+#: the reasoning task's training problems per seed: 128 steps of 4 prompts (a longer run starts them again)
+REASONING_TRAINING_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Task:
+    """An embedded task to train on: the warm model of ``name`` (``embedded_model_dir(task=name)``), its
+    GRPO ``training`` settings, its ``held_out`` problems and its ``training_set(seed)``. Both tasks score
+    with ``correctness_reward`` (docs/embedded.md)."""
+
+    name: str
+    training: dict
+    held_out: Callable[[], object]
+    training_set: Callable[[int], object]
+
+    @property
+    def max_length(self) -> int:
+        return self.training["max_completion_length"]
+
+    def model_dir(self, seed: int) -> Path:
+        from trl_length_plugin.embedded import embedded_model_dir
+
+        return embedded_model_dir(warm_start=True, seed=seed, task=self.name)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=list(TASKS), default=ARITHMETIC.name, help="the embedded task")
     parser.add_argument("--steps", type=int, default=STEPS, help="GRPO optimizer steps")
-    parser.add_argument("--output-dir", default="outputs/demo", help="where the PNG and logs go")
+    parser.add_argument(
+        "--output-dir",
+        default="",
+        help="where the PNG and logs go (default outputs/demo, or outputs/demo-TASK)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    default_dir = "outputs/demo" if args.task == ARITHMETIC.name else f"outputs/demo-{args.task}"
+    args.output_dir = args.output_dir or default_dir
+    return args
 
 
 def question(row: dict) -> str:
@@ -73,6 +111,16 @@ def training_dataset(seed: int, size: int = 2048):
 
     held_out = {prompt[0]["content"] for prompt in held_out_dataset()["prompt"]}
     return make_task_dataset(size, seed=seed).filter(lambda row: question(row) not in held_out)
+
+
+def reasoning_training_dataset(seed: int):
+    """The reasoning task's training problems of ``seed``, in level blocks (docs/embedded.md)."""
+    return reasoning.training_dataset(seed, size=REASONING_TRAINING_SIZE)
+
+
+ARITHMETIC = Task("arithmetic", TRAINING, held_out_dataset, training_dataset)
+REASONING = Task("reasoning", REASONING_TRAINING, reasoning.held_out_dataset, reasoning_training_dataset)
+TASKS = {task.name: task for task in (ARITHMETIC, REASONING)}
 
 
 def sampling_config(tokenizer, samples: int = 1, max_new_tokens: int | None = None):
@@ -126,6 +174,39 @@ def sample(
     return results
 
 
+def held_out_figures(completions: list[dict], dataset) -> dict:
+    """The mean ``length`` and ``accuracy`` of ``sample``'s completions of ``dataset``; where its rows have a
+    ``level`` (the reasoning task), also ``levels``: per level, its samples, mean length and accuracy,
+    the fraction that skips necessary steps and the mean redundant clauses (``step_report``)."""
+    figures = dict(
+        length=statistics.fmean(c["tokens"] for c in completions),
+        accuracy=statistics.fmean(c["correct"] for c in completions),
+    )
+    if "level" in dataset.column_names:
+        figures["levels"] = level_figures(completions, dataset)
+    return figures
+
+
+def level_figures(completions: list[dict], dataset) -> list[dict]:
+    problems = dataset.select_columns(["prompt", "level"]).to_list()
+    by_level: dict[int, list] = {}
+    for c in completions:
+        problem = problems[c["row"]]
+        report = reasoning.step_report(c["text"], question(problem))
+        by_level.setdefault(problem["level"], []).append((c, report))
+    return [
+        dict(
+            level=level,
+            samples=len(rows),
+            length=statistics.fmean(c["tokens"] for c, _ in rows),
+            accuracy=statistics.fmean(c["correct"] for c, _ in rows),
+            skipped=statistics.fmean(report.skipped for _, report in rows),
+            redundant=statistics.fmean(report.redundant for _, report in rows),
+        )
+        for level, rows in sorted(by_level.items())
+    ]
+
+
 def make_table_callback(total_steps: int):
     """A callback printing one table row per logged step under a progress bar."""
     from tqdm.auto import tqdm
@@ -164,29 +245,25 @@ def train_and_evaluate(
     callbacks=(),
     extra_rewards=(),
     reward_weights=None,
+    task: Task = ARITHMETIC,
 ) -> dict:
-    """Train one arm (``keys``: its LengthPluginGRPOConfig keys, over ``TRAINING``'s; ``extra_rewards``:
+    """Train one arm (``keys``: its LengthPluginGRPOConfig keys, over ``task.training``; ``extra_rewards``:
     reward functions besides the correctness reward, ``reward_weights`` all their weights) on the embedded
-    task, then sample the held-out problems. Returns the log history and the held-out ``eval`` length and
-    accuracy."""
+    ``task``, then sample the held-out problems. Returns the log history and the held-out ``eval`` figures
+    (``held_out_figures``)."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from trl_length_plugin.embedded import (
-        CPU_RUN_ARGS,
-        correctness_reward,
-        embedded_model_dir,
-        load_tokenizer,
-    )
+    from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
-    model_dir = embedded_model_dir(warm_start=True, seed=seed)
+    model_dir = task.model_dir(seed)
     weights = {} if reward_weights is None else {"reward_weights": list(reward_weights)}
     config = LengthPluginGRPOConfig(
         output_dir=str(output_dir),
         max_steps=steps,
         seed=seed,
-        **{**TRAINING, **CPU_RUN_ARGS, **weights, **keys},
+        **{**task.training, **CPU_RUN_ARGS, **weights, **keys},
     )
     tokenizer = load_tokenizer(model_dir)
     trainer = LengthPluginGRPOTrainer(
@@ -194,20 +271,17 @@ def train_and_evaluate(
         processing_class=tokenizer,
         reward_funcs=[correctness_reward, *extra_rewards],
         args=config,
-        train_dataset=training_dataset(seed) if train_dataset is None else train_dataset,
+        train_dataset=task.training_set(seed) if train_dataset is None else train_dataset,
         callbacks=list(callbacks),
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
     trainer.train()
-    completions = sample(trainer.model, tokenizer, held_out_dataset(), EVAL_SAMPLES, HELD_OUT_SEED)
-    return dict(
-        history=trainer.state.log_history,
-        eval=dict(
-            length=statistics.fmean(c["tokens"] for c in completions),
-            accuracy=statistics.fmean(c["correct"] for c in completions),
-        ),
+    held_out = task.held_out()
+    completions = sample(
+        trainer.model, tokenizer, held_out, EVAL_SAMPLES, HELD_OUT_SEED, max_new_tokens=task.max_length
     )
+    return dict(history=trainer.state.log_history, eval=held_out_figures(completions, held_out))
 
 
 def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
@@ -219,26 +293,26 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     import torch
 
-    from trl_length_plugin.embedded import embedded_model_dir
     from trl_length_plugin.plotting import plot_training_curves
 
     torch.set_num_threads(1)  # the tiny model gains nothing from more, and bench_efficacy trains with one
 
+    task = TASKS[args.task]
     started = time.perf_counter()
-    print("[demo] preparing the embedded model (built once, then cached)")
-    embedded_model_dir(warm_start=True, seed=args.seed)
+    print(f"[demo] preparing the embedded {task.name} model (built once, then cached)")
+    task.model_dir(args.seed)
     arms = {"plain GRPO": {}, BEST_NAME: BEST}
     runs = {}
     for name, keys in arms.items():
         print(f"\n[demo] {name}: {args.steps} steps, 4 prompts x 8 completions per step {keys or ''}")
         output_dir = Path(args.output_dir) / ("plain" if not keys else "best")
         runs[name] = train_and_evaluate(
-            keys, args.seed, args.steps, output_dir, callbacks=[make_table_callback(args.steps)]
+            keys, args.seed, args.steps, output_dir, callbacks=[make_table_callback(args.steps)], task=task
         )
     plain = runs["plain GRPO"]
     print(
         f"\n[demo] {'':<40} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
-        f"   (train: last 10 steps; eval: {len(held_out_dataset())} held-out problems x {EVAL_SAMPLES})"
+        f"   (train: last 10 steps; eval: {len(task.held_out())} held-out problems x {EVAL_SAMPLES})"
     )
     for name, run in runs.items():
         print(
@@ -246,17 +320,23 @@ def main(argv: list[str] | None = None) -> Path:
             f"{tail_mean(run['history'], ACCURACY_KEY):>9.3f} {run['eval']['length']:>9.2f} "
             f"{run['eval']['accuracy']:>9.3f}"
         )
+        for level in run["eval"].get("levels", []):
+            label = f"  level {level['level']} ({level['samples']} samples)"
+            print(
+                f"[demo] {label:<40} {'':>9} {'':>9} {level['length']:>9.2f} {level['accuracy']:>9.3f}   skipping "
+                f"{100 * level['skipped']:.1f}%, {level['redundant']:.2f} redundant clauses"
+            )
     best = runs[BEST_NAME]["eval"]
     print(
         f"[demo] {BEST_NAME} vs plain GRPO, held out: length "
         f"{100 * (best['length'] / plain['eval']['length'] - 1):+.1f}%, accuracy "
-        f"{100 * (best['accuracy'] - plain['eval']['accuracy']):+.1f} points (seed {args.seed}; means and spreads "
-        "over five seeds: docs/efficacy.md)"
+        f"{100 * (best['accuracy'] - plain['eval']['accuracy']):+.1f} points (seed {args.seed}, {task.name} task; "
+        "means and intervals over seeds: docs/efficacy.md)"
     )
     png = plot_training_curves(
         [],
         Path(args.output_dir) / "curves.png",
-        title="embedded task, same seed",
+        title=f"embedded {task.name} task, same seed",
         runs={name: run["history"] for name, run in runs.items()},
     )
     print(f"[demo] curves written to {png}  ({time.perf_counter() - started:.0f} s in all)")
