@@ -439,11 +439,17 @@ def separates(interval: tuple[float, float, float]) -> bool:
     return interval[1] > 0 or interval[2] < 0
 
 
+def common_seeds(records: list[dict], a: str, b: str) -> list[int]:
+    """The seeds both arms ran."""
+    runs = {(r["arm"], r["seed"]) for r in records}
+    return sorted(seed for name, seed in runs if name == a and (b, seed) in runs)
+
+
 def paired_difference(records: list[dict], a: str, b: str, figure: str) -> tuple[float, float, float]:
     """Arm ``a`` minus arm ``b`` per seed that both ran, with its interval: ``figure`` ``length`` in percent
     of ``b``'s held-out length, ``accuracy`` in points."""
     by_run = {(r["arm"], r["seed"]): r["eval"] for r in records}
-    seeds = sorted(seed for name, seed in by_run if name == a and (b, seed) in by_run)
+    seeds = common_seeds(records, a, b)
     if figure == "length":
         deltas = [100 * (by_run[a, s]["length"] / by_run[b, s]["length"] - 1) for s in seeds]
     else:
@@ -668,6 +674,47 @@ def write_summary(records: list[dict], warm: list[dict], seeds: list[int], path:
     return path
 
 
+def is_peer(arm: Arm) -> bool:
+    return arm.family in {peer.family for peer in PEER_ARMS}
+
+
+def versus_peers(records: list[dict], rows: list[dict]) -> str:
+    """Each of our arms against each peer arm, paired per seed: held-out length in percent of the peer's and
+    accuracy in points, with 95% intervals; "shorter"/"more accurate" only where the interval excludes 0."""
+    ours = [r["arm"].name for r in rows if r["arm"].name != PLAIN and not is_peer(r["arm"])]
+    peers = [r["arm"].name for r in rows if is_peer(r["arm"])]
+    if not ours or not peers:
+        return ""
+    lines = [
+        "| ours | vs peer | seeds | length vs peer (%), mean [95% CI] | accuracy vs peer (points), mean [95% CI] "
+        "| verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for peer in peers:
+        for arm in ours:
+            length = paired_difference(records, arm, peer, "length")
+            accuracy = paired_difference(records, arm, peer, "accuracy")
+            seeds = len(common_seeds(records, arm, peer))
+            verdict = ", ".join(
+                (low if interval[0] < 0 else high) if separates(interval) else f"{what} tie"
+                for what, interval, low, high in (
+                    ("length", length, "shorter", "longer"),
+                    ("accuracy", accuracy, "less accurate", "more accurate"),
+                )
+            )
+            lines.append(
+                f"| {arm} | {peer} | {seeds} | {length[0]:+.1f} [{length[1]:+.1f}, {length[2]:+.1f}] | "
+                f"{accuracy[0]:+.1f} [{accuracy[1]:+.1f}, {accuracy[2]:+.1f}] | {verdict} |"
+            )
+    return "\n".join(lines)
+
+
+def all_tables(records: list[dict], rows: list[dict], warm: list[dict]) -> str:
+    """Every table of docs/efficacy.md: the results, intervals, shaping metrics, levels and ours vs peers."""
+    versus = versus_peers(records, rows)
+    return markdown_tables(rows, warm) + (f"\n\n{versus}" if versus else "")
+
+
 def regenerate(summary: Path, out: Path, png: Path) -> None:
     """The tables and the Pareto PNG from a summary file alone, arms in the grid's order."""
     stored = json.loads(summary.read_text())
@@ -676,7 +723,7 @@ def regenerate(summary: Path, out: Path, png: Path) -> None:
     task = demo.TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
     arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
     rows = summarize(records, arms)
-    tables = markdown_tables(rows, stored["warm"])
+    tables = all_tables(records, rows, stored["warm"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(tables + "\n")
     print(tables)
@@ -751,7 +798,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.summary:
         write_summary(records, warm, seeds, Path(args.summary))
     rows = summarize(records, arms)
-    tables = markdown_tables(rows, warm)
+    tables = all_tables(records, rows, warm)
     (out / "table.md").write_text(tables + "\n")
     print(
         f"\n# {task.name} task, {args.steps} steps, seeds {args.seeds}; held out: {len(task.held_out())} problems x "

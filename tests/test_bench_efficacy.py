@@ -418,3 +418,23 @@ def test_a_reasoning_summary_regenerates_its_level_table(tmp_path):
         bench.arms_by_name(demo.REASONING)["TRL truncation mask budget 2L/3"].keys["max_completion_length"]
         == 42
     )
+
+
+def test_versus_peers_pairs_each_of_ours_with_each_peer_per_seed():
+    figures = {  # held-out (length, accuracy) for seeds 0-2
+        bench.PLAIN: [(20.0, 0.40), (22.0, 0.30), (21.0, 0.35)],
+        "group-relative 1.0": [(13.0, 0.39), (14.3, 0.31), (14.0, 0.35)],
+        "TRL soft overlong buffer L/4": [(19.5, 0.40), (20.9, 0.30), (19.95, 0.36)],
+    }
+    records = [
+        fake_record(name, seed, 5, length, accuracy)
+        for name, runs in figures.items()
+        for seed, (length, accuracy) in enumerate(runs)
+    ]
+    rows = bench.summarize(records, [bench.ARMS_BY_NAME[name] for name in figures])
+    table = bench.versus_peers(records, rows)
+    (line,) = [line for line in table.splitlines() if line.startswith("| group-relative 1.0 |")]
+    length = 100 * ((13 / 19.5 + 14.3 / 20.9 + 14 / 19.95) / 3 - 1)
+    assert f"| {length:+.1f} [" in line and line.endswith("| shorter, accuracy tie |")
+    assert bench.common_seeds(records, "group-relative 1.0", bench.PLAIN) == [0, 1, 2]
+    assert bench.versus_peers(records, rows[:2]) == ""  # no peer arm ran
