@@ -235,6 +235,12 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return bool(self.global_bands) or any(getattr(p, key) for p in params for key in keys)
 
     @property
+    def truncation_modes(self) -> set[str]:
+        """The ``truncation`` modes the agents set, ``none`` left out (docs/reference/length-penalties.md §2.19)."""
+        params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
+        return {p.truncation for p in params} - {"none"}
+
+    @property
     def global_bands(self) -> dict[str, ProfileBandChannel]:
         """The channels under ``profile_band.defaults`` when ``profile_band.enabled`` (§2.12)."""
         if self.profile_band is None or not self.profile_band.enabled:
@@ -541,6 +547,10 @@ def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] 
         level = _model_at(model, item["loc"][:-1]) if model is not None else None
         if item["type"] == "extra_forbidden" and level is not None:
             message = "unknown key" + did_you_mean(str(item["loc"][-1]), level.model_fields)
+        head, colon, rest = message.partition(": ")
+        sub_key = "." in head and all(part.isidentifier() for part in head.split("."))
+        if item["type"] == "value_error" and path and colon and sub_key:  # a block's rule naming its key
+            path, message = f"{path}.{head}", rest
         parts.append(f"{path}: {message}" if path else message)
     return "; ".join(parts)
 

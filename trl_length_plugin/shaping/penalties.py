@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .agents import AgentParams
+from .agents import TRUNCATION_MODES, AgentParams
 from .batch import RolloutBatch
 from .config import BAND_PARAMETERS, CHANNELS, LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
@@ -118,16 +118,31 @@ def _run_gate(view: GroupView, shared: _Shared) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rollout_terms(view: GroupView, shared: _Shared) -> dict[str, torch.Tensor]:
-    """The per-rollout terms' outputs (``term:<name>``), in order (§2.17-2.19); empty when none is used."""
-    adjustment, out = torch.zeros_like(view.rewards), {}
+def _rollout_terms(view: GroupView, shared: _Shared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The rollout reward after the per-rollout terms, in order (§2.17-2.19), and their outputs
+    (``term:<name>``, empty when none is used). A term adds its outputs to the running reward, or returns the
+    new reward itself as ``reward`` (the cosine reward replaces it, exactly)."""
+    reward, out = view.rewards, {}
     for term in terms("rollout"):
         if term.used_by(view):
-            inputs = shared.inputs(view.bucket, view.shaped_groups, adjustment)
-            for name, value in term.compute(view, inputs).items():
-                adjustment = adjustment + value
+            inputs = shared.inputs(view.bucket, view.shaped_groups, reward)
+            outputs = term.compute(view, inputs)
+            replaced = outputs.pop("reward", None)
+            for name, value in outputs.items():
+                reward = reward + value
                 out[f"term:{name}"] = value
-    return out
+            if replaced is not None:
+                reward = replaced
+    return reward, out
+
+
+def _rollout_groups(view: GroupView) -> torch.Tensor:
+    """(Gb,) the groups whose agent turns on a per-rollout reward term (§2.6): their rewards may be negative."""
+    return (
+        (view.p("cosine_max_length") > 0)
+        | (view.p("overlong_max_length") > 0)
+        | (view.p("truncation") == TRUNCATION_MODES.index("penalty"))
+    )
 
 
 def _shape_bucket(
@@ -146,9 +161,8 @@ def _shape_bucket(
     channel_lengths = bucket.pack(torch.stack([rows[channel] for channel in CHANNELS]))
     truncated = None if rows.get("truncated") is None else bucket.pack(rows["truncated"], False)
     view = GroupView(bucket, params, clean, channel_lengths, processed, processed & (clean > 0), truncated)
-    rollout = _rollout_terms(view, shared)
+    clean, rollout = _rollout_terms(view, shared)
     if rollout:  # the group terms read the rollout reward; positive stays the correctness (§2.6)
-        clean = clean + sum(rollout.values())
         view = GroupView(bucket, params, clean, channel_lengths, processed, view.positive, truncated)
     gate = _run_gate(view, shared)
     adjustment, kept = torch.zeros_like(clean), {}
@@ -159,7 +173,11 @@ def _shape_bucket(
             adjustment.add_(value)  # summed as each term finishes, so its temporaries are freed early
             if keep_terms:
                 kept[f"term:{name}"] = value
-    shaped = torch.maximum(adjustment.add_(clean), clean.clamp(max=0))  # the group terms stop at 0 (§2.6)
+    signed = _rollout_groups(view)
+    if bool(signed.any()):  # the group terms stop at 0, or at a negative rollout reward (§2.6)
+        shaped = torch.maximum(adjustment.add_(clean), torch.where(signed, clean.clamp(max=0), 0.0))
+    else:
+        shaped = adjustment.add_(clean).clamp_(min=0)
     for term in terms("multiplier"):
         if term.used_by(view):
             for name, multiplier in term.compute(view, shared.inputs(bucket, gate["open"], shaped)).items():

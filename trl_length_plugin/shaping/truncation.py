@@ -40,8 +40,7 @@ def apply_truncation(batch: RolloutBatch, config: LengthPenaltyConfig | None) ->
     """The truncation step of ``shape_rollouts``; None when no agent sets ``truncation``."""
     if config is None or not config.any_enabled:
         return None
-    agents = [config.default, *(o for o in (config.agent_overrides or {}).values() if o is not None)]
-    if all(params.truncation == "none" for params in agents):
+    if not config.truncation_modes:
         return None
     if batch.truncated is None:
         raise ValueError("length_penalty.truncation needs the hosts' truncated flag (RolloutBatch.truncated)")

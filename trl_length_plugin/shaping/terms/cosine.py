@@ -3,8 +3,8 @@ Reasoning, arXiv 2502.03373, App. C.1, as TRL's ``get_cosine_scaled_reward``).
 
 Per rollout, progress ``t = min(n / L_max, 1)`` on the configured channel; a correct rollout gets
 ``v_min + (v_max - v_min)(1 + cos(t pi)) / 2`` with ``(min_value_correct, max_value_correct)``, a wrong one the
-same with ``(max_value_wrong, min_value_wrong)``. The term's output is that reward minus the correctness: the
-rollout reward becomes the cosine reward.
+same with ``(max_value_wrong, min_value_wrong)``. The rollout reward becomes the cosine reward; the term's
+output is the change.
 """
 
 from __future__ import annotations
@@ -31,5 +31,6 @@ def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     wave = torch.cos(progress * math.pi).add_(1.0).mul_(0.5)
     low = torch.where(view.positive, view.p("cosine_min_value_correct"), view.p("cosine_max_value_wrong"))
     high = torch.where(view.positive, view.p("cosine_max_value_correct"), view.p("cosine_min_value_wrong"))
-    reward = low + (high - low) * wave
-    return {"cosine": (reward - view.rewards).mul_(view.processed & on)}
+    on = view.processed & on
+    reward = torch.where(on, low + (high - low) * wave, view.rewards)
+    return {"cosine": (reward - view.rewards), "reward": reward}

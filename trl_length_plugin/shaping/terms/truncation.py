@@ -21,6 +21,6 @@ def truncation(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     on = view.p("truncation") == PENALTY
     if view.truncated is None or not bool(on.any()):
         return {}
-    reward = (view.rewards + inputs.adjustment).clamp(min=0.0)
+    reward = inputs.adjustment.clamp(min=0.0)  # a rollout term reads the running rollout reward
     hit = view.processed & view.truncated & on
     return {"truncation": reward.mul_(view.p("truncation_penalty_factor") - 1.0).mul_(hit)}
