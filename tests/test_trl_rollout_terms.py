@@ -106,3 +106,28 @@ def test_reward_wrapper_refuses_mask_in_one_line(random_model_dir):
     with pytest.raises(ValueError, match="length_penalty.truncation: 'mask'") as err:
         LengthPenaltyReward(correctness_reward, {"default": {"truncation": "mask"}}, tokenizer=tokenizer)
     assert "\n" not in str(err.value)
+
+
+def test_reward_wrapper_truncation_penalty_on_the_stock_trainer(random_model_dir, tmp_path):
+    """The wrapper route: TRL's own trainer, the flag from ``completion_ids`` and the trainer's stop ids."""
+    tokenizer = load_tokenizer(random_model_dir)
+    block = {"default": {"truncation": "penalty", "truncation_penalty_factor": 0.25}}
+    penalty = LengthPenaltyReward(correctness_reward, block, tokenizer=tokenizer)
+    trainer = RecordingStockTrainer(
+        model=str(random_model_dir),
+        reward_funcs=[correctness_reward, penalty],
+        args=tiny_config(tmp_path),
+        train_dataset=make_task_dataset(16),
+        processing_class=tokenizer,
+        rollout_func=truncating_rollout(tokenizer),
+    )
+    trainer.train()
+    (record,) = trainer.records
+    correctness = record.rewards_per_func[:, 0].double()
+    truncated = torch.tensor([i % 3 == 1 for i in range(correctness.numel())])
+    assert float(correctness[truncated].sum()) > 0  # some truncated rows are correct
+    expected = torch.where(truncated, -0.75 * correctness, 0.0)
+    torch.testing.assert_close(record.rewards_per_func[:, 1].double(), expected, rtol=0, atol=1e-6)
+    assert trainer.state.log_history[0]["length_penalty/truncated_frac"] == pytest.approx(
+        float(truncated.double().mean())
+    )
