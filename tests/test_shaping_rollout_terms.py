@@ -392,3 +392,26 @@ def test_rollout_terms_match_reference(batch, config, rollout, override, flags, 
             if record.status == "shaped":
                 for name, values in info[record.group]["terms"].items():
                     assert_close(record.terms[name], values)
+
+
+def test_preview_shows_the_overlong_term(tmp_path, capsys):
+    """``trl-length preview`` runs the same step: the overlong term on the recorded lengths (totals of
+    tests/test_offline_preview.py's rollouts: a 20, 60, 5, 40; b 15, 25; c is non-binary, untouched)."""
+    import json
+
+    import yaml
+
+    from tests.test_offline_preview import preview, write_rollouts
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        yaml.safe_dump({"length_penalty": {"default": {"overlong_max_length": 60, "overlong_buffer": 40}}})
+    )
+    out = tmp_path / "shaped.jsonl"
+    status, stdout, _ = preview(
+        capsys, write_rollouts(tmp_path / "r.jsonl"), "--config", recipe, "--output", out
+    )
+    assert status == 0
+    shaped = [json.loads(line)["shaped_reward"] for line in out.read_text().splitlines()]
+    assert shaped == pytest.approx([1.0, 0.0, 0.0, 0.5, 1.0, 0.875, 0.5, 1.0])
+    assert "overlong" in stdout
