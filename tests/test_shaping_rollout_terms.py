@@ -407,11 +407,13 @@ def test_preview_shows_the_overlong_term(tmp_path, capsys):
     recipe.write_text(
         yaml.safe_dump({"length_penalty": {"default": {"overlong_max_length": 60, "overlong_buffer": 40}}})
     )
-    out = tmp_path / "shaped.jsonl"
-    status, stdout, _ = preview(
-        capsys, write_rollouts(tmp_path / "r.jsonl"), "--config", recipe, "--output", out
-    )
+    out, png = tmp_path / "shaped.jsonl", tmp_path / "p.png"
+    rollouts = write_rollouts(tmp_path / "r.jsonl")
+    status, stdout, _ = preview(capsys, rollouts, "--config", recipe, "--output", out, "--png", png)
     assert status == 0
     shaped = [json.loads(line)["shaped_reward"] for line in out.read_text().splitlines()]
     assert shaped == pytest.approx([1.0, 0.0, 0.0, 0.5, 1.0, 0.875, 0.5, 1.0])
     assert "overlong" in stdout
+    recipe.write_text(yaml.safe_dump({"length_penalty": {"default": {"truncation": "incorrect"}}}))
+    status, _, err = preview(capsys, rollouts, "--config", recipe, "--png", tmp_path / "q.png")
+    assert status == 2 and "length_penalty.truncation" in err and err.count("\n") == 1
