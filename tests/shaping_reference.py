@@ -155,10 +155,33 @@ def band_multiplier(length, band):
     return 1 - (length - a) / (b - a) * (1 - f)
 
 
+def rollout_reward(p, correct, lengths, truncated):
+    """Reference §2.17-2.19: (rollout reward, {term: value}) of one rollout of correctness ``correct``."""
+    value, terms = correct, {}
+    if p["cosine_max_length"]:
+        t = min(lengths[p["cosine_channel"]] / p["cosine_max_length"], 1.0)
+        if correct > 0:
+            low, high = p["cosine_min_value_correct"], p["cosine_max_value_correct"]
+        else:
+            low, high = p["cosine_max_value_wrong"], p["cosine_min_value_wrong"]
+        cosine = low + 0.5 * (high - low) * (1.0 + math.cos(t * math.pi))
+        terms["cosine"], value = cosine - value, cosine
+    if p["overlong_max_length"]:
+        start = p["overlong_max_length"] - p["overlong_buffer"]
+        excess = (lengths[p["overlong_channel"]] - start) / p["overlong_buffer"]
+        terms["overlong"] = -p["overlong_factor"] * min(max(excess, 0.0), 1.0)
+        value += terms["overlong"]
+    if p["truncation"] == "penalty" and truncated:
+        terms["truncation"] = max(value, 0.0) * (p["truncation_penalty_factor"] - 1.0)
+        value += terms["truncation"]
+    return value, terms
+
+
 def reference_penalties(
-    rewards, group_index, reasoning, answer, config, agents=None, metadata=None, multi=None
+    rewards, group_index, reasoning, answer, config, agents=None, metadata=None, multi=None, truncated=None
 ):
-    """Returns (shaped rewards, metrics, {group id: info}) exactly as reference §2 describes."""
+    """Returns (shaped rewards, metrics, {group id: info}) exactly as reference §2 describes (with the
+    per-rollout terms of §2.17-2.19; ``truncated``: the hosts' per-row flags)."""
     n_rows = len(rewards)
     shaped = [float(r) for r in rewards]
     total = [reasoning[i] + answer[i] for i in range(n_rows)]
@@ -209,6 +232,15 @@ def reference_penalties(
         if invalid:
             invalid_rows.update(rows)
         pos = [k for k in range(n) if r[k] > 0]
+        correct = list(r)  # positive means the correctness; the group terms read the rollout reward
+        rollout_on = bool(p["cosine_max_length"] or p["overlong_max_length"] or p["truncation"] == "penalty")
+        rollout_terms = defaultdict(lambda n=n: [0.0] * n)
+        if rollout_on:
+            for k, row in enumerate(rows):
+                flag = truncated is not None and bool(truncated[row])
+                r[k], parts = rollout_reward(p, correct[k], {c: lengths[c][k] for c in CHANNELS}, flag)
+                for name, value in parts.items():
+                    rollout_terms[name][k] = value
 
         # Profile gate (§2.13).
         gate_open, reason = True, "disabled"
@@ -297,8 +329,8 @@ def reference_penalties(
 
         for k, row in enumerate(rows):
             value = r[k] + (adjustment[k] + terms["profiled"][k] + terms["pass_rate"][k])
-            value = max(value, 0.0)
-            if r[k] > 0 and value > 0:  # profile band (§2.12)
+            value = max(value, min(r[k], 0.0) if rollout_on else 0.0)
+            if correct[k] > 0 and value > 0:  # profile band (§2.12)
                 for channel in BAND_ORDER:
                     if p[f"profile_band_{channel}"] and channel in bands:
                         value *= band_multiplier(lengths[channel][k], bands[channel])
@@ -306,7 +338,8 @@ def reference_penalties(
         info[key] = {
             "status": "shaped",
             "gate_reason": reason,
-            "terms": terms,
+            "terms": {**rollout_terms, **terms},
+            "rollout_terms": rollout_terms,
             "profiled_threshold": threshold,
         }
 
@@ -338,6 +371,12 @@ def reference_penalties(
         "length_penalty/pct_mixed": mix["mixed"] / n,
         "length_penalty/pct_unscorable": mix["unscorable"] / n,
     }
+    for name, metric in (("overlong", "overlong_penalty_mean"), ("cosine", "cosine_delta_mean")):
+        if any(p[f"{name}_max_length"] for p in params_of.values()):
+            values = [v for i in info.values() if "rollout_terms" in i for v in i["rollout_terms"][name]]
+            metrics[f"length_penalty/{metric}"] = sum(values) / n
+            if name == "overlong":
+                metrics["length_penalty/overlong_frac"] = sum(1 for v in values if v < 0) / n
     return shaped, metrics, info
 
 

@@ -65,6 +65,17 @@ def prompt_fingerprints(prompts: torch.Tensor) -> list[tuple[int, int, int]]:
     return list(zip(lengths.tolist(), hashes[0].tolist(), hashes[1].tolist(), strict=True))
 
 
+def truncated_rows(
+    responses: torch.Tensor, max_response_length: int, stop_ids: Sequence[int]
+) -> torch.Tensor:
+    """Per row, whether the response hit ``data.max_response_length`` without ending on an end-of-sequence
+    (or pad) token (docs/reference/length-penalties.md §2.19)."""
+    ids, lengths = padded(responses).long(), row_lengths(responses)
+    last = ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)]
+    stops = torch.tensor([i for i in stop_ids if i is not None], dtype=torch.long)
+    return (lengths >= max_response_length) & ~torch.isin(last, stops)
+
+
 def check_single_output_sessions(keys: Sequence[str]) -> None:
     """Multi-output agent-loop sessions (``index > 0``) would need one length per session: not supported."""
     extra = [key for key in keys if not key.endswith("_0")]
@@ -129,7 +140,8 @@ class RolloutShaper:
 
     ``fetch(keys, fields)`` reads TransferQueue (``tq.kv_batch_get`` of a partition); groups shaped ahead of
     the advantage step (:meth:`shape_groups`) are kept by ``uid`` until :meth:`take` hands them out.
-    ``step()`` gives the trainer's current global step (the coefficient's warm-up).
+    ``step()`` gives the trainer's current global step (the coefficient's warm-up); ``max_response_length``
+    (``data.max_response_length``) defines a truncated rollout (§2.19).
     """
 
     def __init__(
@@ -140,6 +152,7 @@ class RolloutShaper:
         self.step = step
         self.metadata = MetadataCache()
         self._groups: dict[str, ShapedRows] = {}
+        self.max_response_length: int | None = None
 
     @property
     def fields(self) -> list[str]:
@@ -168,6 +181,7 @@ class RolloutShaper:
             agents=agents,
             multi_component=((scores != 0).sum(-1) - (last != 0).long()) > 0,
             loss_lengths=padded(data["response_mask"]).sum(-1) if self.config.coefficient_on else None,
+            truncated=self._truncated(data),
             **(self._penalty_inputs(fetch, keys, data, agents, layout) if self.config.penalties_on else {}),
         )
         result = shape_rollouts(batch, self.config, normalization=None, step=step)
@@ -214,6 +228,16 @@ class RolloutShaper:
 
             inputs["metadata"] = self.metadata.lookup(prompts, entries)
         return inputs
+
+    def _truncated(self, data: Mapping) -> torch.Tensor | None:
+        """The truncated flag per row when some agent sets ``truncation`` (§2.19)."""
+        block = self.config.penalties
+        if block is None or not block.truncation_modes:
+            return None
+        if self.max_response_length is None:
+            raise ValueError("length_penalty.truncation needs data.max_response_length")
+        stops = [self.tokenizer.eos_token_id, self.tokenizer.pad_token_id]
+        return truncated_rows(data["responses"], self.max_response_length, stops)
 
     def shape_groups(self, fetch: Callable, keys: Sequence[str]) -> ShapedRows:
         """Shape finished groups ahead of the advantage step and keep them by ``uid``."""

@@ -81,6 +81,7 @@ class LengthShapingMixin:
             check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
         self.length_shaping = shaping_config(config)
         self.length_shaper = RolloutShaper(self.length_shaping, step=lambda: self.global_steps)
+        self.length_shaper.max_response_length = config.data.get("max_response_length")
         follow_verl_log_level()
         if self.length_shaping.enabled:
             logger.info("trl-length-plugin: %s", self.length_shaping.summary())

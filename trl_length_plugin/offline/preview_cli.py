@@ -124,6 +124,11 @@ def load_config(args) -> tuple[LengthShapingConfig, str, str]:
             "the config switches no length shaping on (length_penalty, length_penalty_coeff or "
             "drop_zero_std_groups)"
         )
+    if config.penalties is not None and config.penalties.truncation_modes:
+        raise CommandError(
+            "length_penalty.truncation: saved rollouts carry no truncated flag (docs/reference/"
+            "length-penalties.md §2.19); preview the config without it"
+        )
     return config, SCALE_REWARDS[scale], str(host["agent_column"])
 
 

@@ -7,13 +7,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import BAND_CHANNELS, DEFAULT_AGENT, LengthPenaltyConfig, LengthPenaltyParams
+from .config import BAND_CHANNELS, CHANNELS, DEFAULT_AGENT, LengthPenaltyConfig, LengthPenaltyParams
 
 GATE_FIELDS = ("a", "b", "f")
+TRUNCATION_MODES = ("none", "mask", "penalty", "incorrect")
 #: string parameters, held as their index in these options
 CHOICES = {
     "group_length_penalty_profile_gate_channel": BAND_CHANNELS,
     "group_length_penalty_profile_gate_field": GATE_FIELDS,
+    "overlong_channel": CHANNELS,
+    "cosine_channel": CHANNELS,
+    "truncation": TRUNCATION_MODES,
 }
 
 
@@ -47,8 +51,8 @@ class AgentParams:
         return self._cache[name]
 
     def uses(self, *names: str) -> bool:
-        """Whether any agent sets one of these parameters to a non-zero value."""
-        return any(getattr(p, name) for p in self.params for name in names)
+        """Whether any agent sets one of these parameters to a non-zero value (``truncation``: not none)."""
+        return any(getattr(p, name) not in (0, False, "none") for p in self.params for name in names)
 
     def agents_where(self, flags: torch.Tensor) -> list[str]:
         """Names of the agents owning at least one flagged group."""

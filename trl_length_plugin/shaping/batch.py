@@ -73,6 +73,8 @@ class RolloutBatch:
       appearance (``layout.first_row``), or one row per rollout (§2.14).
     - ``multi_component``: per-row flag for verl's multi-component scores, whose groups are skipped (§2.4).
     - ``loss_lengths``: the loss-mask token count of each rollout, the coefficient's L (reference §3.2).
+    - ``truncated``: per-row flag, the rollout ended without an end-of-sequence token within the host's
+      length limit (docs/reference/length-penalties.md §2.19); required by ``truncation``.
     - ``base_rewards``: the host's total reward of each row without the shaping (other reward terms
       included; NaN for a row the host cannot score); default the correctness reward. Advantages and the
       zero-std filter judge ``base_rewards + weight * (shaped - rewards)`` (reference §3.3).
@@ -87,6 +89,7 @@ class RolloutBatch:
     multi_component: Any = None
     loss_lengths: Any = None
     base_rewards: Any = None
+    truncated: Any = None
 
     @single_threaded()
     def __post_init__(self) -> None:
@@ -115,6 +118,10 @@ class RolloutBatch:
             self.multi_component = torch.as_tensor(np.asarray(self.multi_component, dtype=bool))
             if self.multi_component.numel() != rows:
                 raise ValueError("multi_component must have one flag per row")
+        if self.truncated is not None:
+            self.truncated = torch.as_tensor(np.asarray(self.truncated, dtype=bool))
+            if self.truncated.dim() != 1 or self.truncated.numel() != rows:
+                raise ValueError("truncated must have one flag per row")
         if self.layout.num_rows != rows:
             raise ValueError(f"group_index has {self.layout.num_rows} rows, rewards have {rows}")
 

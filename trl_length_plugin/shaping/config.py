@@ -110,6 +110,39 @@ class LengthPenaltyParams(BaseModel):
     group_length_penalty_profile_gate_channel: Channel = "total"
     group_length_penalty_profile_gate_field: Literal["a", "b", "f"] = "a"
     group_length_penalty_profile_gate_positive_only: bool = True
+    # per-rollout terms (docs/reference/length-penalties.md §2.17-2.19)
+    overlong_max_length: Count = 0
+    overlong_buffer: Count = 0
+    overlong_factor: NonNegative = 1.0
+    overlong_channel: Channel = "total"
+    cosine_max_length: Count = 0
+    cosine_min_value_wrong: Number = -1.0
+    cosine_max_value_wrong: Number = -0.5
+    cosine_min_value_correct: Number = 0.5
+    cosine_max_value_correct: Number = 1.0
+    cosine_channel: Channel = "total"
+    truncation: Literal["none", "mask", "penalty", "incorrect"] = "none"
+    truncation_penalty_factor: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)] = 0.0
+
+
+def rollout_term_errors(params: Mapping[str, Any]) -> list[str]:
+    """The per-rollout terms' dependent-key errors of one agent's merged parameters, ``key: message``
+    (docs/reference/length-penalties.md §2.17-2.19)."""
+    errors = []
+    longest, buffer = params["overlong_max_length"], params["overlong_buffer"]
+    if longest and not 0 < buffer <= longest:
+        errors.append(
+            f"overlong_buffer: needs 0 < overlong_buffer <= overlong_max_length ({longest}), got {buffer}"
+        )
+    if buffer and not longest:
+        errors.append("overlong_buffer: needs overlong_max_length > 0 (the maximum length it ends at)")
+    if not params["cosine_max_length"]:
+        cosine = [k for k in params if k.startswith("cosine_") and k != "cosine_max_length"]
+        if any(k in params.get("_set", ()) for k in cosine):
+            errors.append("cosine_max_length: needs a value > 0 when a cosine_* key is set")
+    if "truncation_penalty_factor" in params.get("_set", ()) and params["truncation"] != "penalty":
+        errors.append("truncation_penalty_factor: needs truncation: penalty")
+    return errors
 
 
 class ProfileBandChannel(BaseModel):
@@ -163,6 +196,22 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
     _warned: set[tuple[str, ...]] = PrivateAttr(default_factory=set)
     _resolved: dict[str, LengthPenaltyParams] = PrivateAttr(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _rollout_terms(self) -> LengthPenaltyConfig:
+        """Each agent's merged per-rollout keys, checked at load (docs/reference/length-penalties.md §2.17)."""
+        blocks = {
+            "default": self.default,
+            **{f"agent_overrides.{k}": o for k, o in (self.agent_overrides or {}).items() if o is not None},
+        }
+        for path, block in blocks.items():
+            merged = self.default.model_dump()
+            merged.update(block.model_dump(exclude_unset=True))
+            merged["_set"] = self.default.model_fields_set | block.model_fields_set
+            errors = rollout_term_errors(merged)
+            if errors:
+                raise ValueError(f"{path}.{errors[0]}")
+        return self
+
     @field_validator("reasoning_tags")
     @classmethod
     def _distinct_tags(cls, tags: tuple[str, str]) -> tuple[str, str]:
@@ -184,6 +233,12 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
         keys = (*BAND_PARAMETERS, "profiled_length_penalty")
         return bool(self.global_bands) or any(getattr(p, key) for p in params for key in keys)
+
+    @property
+    def truncation_modes(self) -> set[str]:
+        """The ``truncation`` modes the agents set, ``none`` left out (docs/reference/length-penalties.md §2.19)."""
+        params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
+        return {p.truncation for p in params} - {"none"}
 
     @property
     def global_bands(self) -> dict[str, ProfileBandChannel]:
@@ -552,6 +607,10 @@ def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] 
         level = _model_at(model, item["loc"][:-1]) if model is not None else None
         if item["type"] == "extra_forbidden" and level is not None:
             message = "unknown key" + did_you_mean(str(item["loc"][-1]), level.model_fields)
+        head, colon, rest = message.partition(": ")
+        sub_key = "." in head and all(part.isidentifier() for part in head.split("."))
+        if item["type"] == "value_error" and path and colon and sub_key:  # a block's rule naming its key
+            path, message = f"{path}.{head}", rest
         parts.append(f"{path}: {message}" if path else message)
     return "; ".join(parts)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .agents import AgentParams
+from .agents import TRUNCATION_MODES, AgentParams
 from .batch import RolloutBatch
 from .config import BAND_PARAMETERS, CHANNELS, LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
@@ -118,6 +118,33 @@ def _run_gate(view: GroupView, shared: _Shared) -> dict[str, torch.Tensor]:
     return out
 
 
+def _rollout_terms(view: GroupView, shared: _Shared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The rollout reward after the per-rollout terms, in order (§2.17-2.19), and their outputs
+    (``term:<name>``, empty when none is used). A term adds its outputs to the running reward, or returns the
+    new reward itself as ``reward`` (the cosine reward replaces it, exactly)."""
+    reward, out = view.rewards, {}
+    for term in terms("rollout"):
+        if term.used_by(view):
+            inputs = shared.inputs(view.bucket, view.shaped_groups, reward)
+            outputs = term.compute(view, inputs)
+            replaced = outputs.pop("reward", None)
+            for name, value in outputs.items():
+                reward = reward + value
+                out[f"term:{name}"] = value
+            if replaced is not None:
+                reward = replaced
+    return reward, out
+
+
+def _rollout_groups(view: GroupView) -> torch.Tensor:
+    """(Gb,) the groups whose agent turns on a per-rollout reward term (§2.6): their rewards may be negative."""
+    return (
+        (view.p("cosine_max_length") > 0)
+        | (view.p("overlong_max_length") > 0)
+        | (view.p("truncation") == TRUNCATION_MODES.index("penalty"))
+    )
+
+
 def _shape_bucket(
     bucket: Bucket,
     params: AgentParams,
@@ -132,7 +159,11 @@ def _shape_bucket(
     processed = bucket.valid & bucket.take(shaped_groups)
     clean = rewards.nan_to_num(0.0)
     channel_lengths = bucket.pack(torch.stack([rows[channel] for channel in CHANNELS]))
-    view = GroupView(bucket, params, clean, channel_lengths, processed, processed & (clean > 0))
+    truncated = None if rows.get("truncated") is None else bucket.pack(rows["truncated"], False)
+    view = GroupView(bucket, params, clean, channel_lengths, processed, processed & (clean > 0), truncated)
+    clean, rollout = _rollout_terms(view, shared)
+    if rollout:  # the group terms read the rollout reward; positive stays the correctness (§2.6)
+        view = GroupView(bucket, params, clean, channel_lengths, processed, view.positive, truncated)
     gate = _run_gate(view, shared)
     adjustment, kept = torch.zeros_like(clean), {}
     for term in terms("additive"):
@@ -142,7 +173,11 @@ def _shape_bucket(
             adjustment.add_(value)  # summed as each term finishes, so its temporaries are freed early
             if keep_terms:
                 kept[f"term:{name}"] = value
-    shaped = adjustment.add_(clean).clamp_(min=0)
+    signed = _rollout_groups(view)
+    if bool(signed.any()):  # the group terms stop at 0, or at a negative rollout reward (§2.6)
+        shaped = torch.maximum(adjustment.add_(clean), torch.where(signed, clean.clamp(max=0), 0.0))
+    else:
+        shaped = adjustment.add_(clean).clamp_(min=0)
     for term in terms("multiplier"):
         if term.used_by(view):
             for name, multiplier in term.compute(view, shared.inputs(bucket, gate["open"], shaped)).items():
@@ -153,6 +188,7 @@ def _shape_bucket(
         "shaped": shaped,
         "processed": processed,
         "positive": view.positive,
+        **rollout,
         **kept,
         **{f"group:gate_{name}": value for name, value in gate.items()},
     }
@@ -240,6 +276,17 @@ def _row_metrics(
     }
 
 
+def _rollout_metrics(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The per-rollout terms' metrics as per-row values (§2.17-2.18), present when the term ran."""
+    metrics = {}
+    if "term:overlong" in out:
+        metrics["length_penalty/overlong_frac"] = (out["term:overlong"] < 0).double()
+        metrics["length_penalty/overlong_penalty_mean"] = out["term:overlong"].double()
+    if "term:cosine" in out:
+        metrics["length_penalty/cosine_delta_mean"] = out["term:cosine"].double()
+    return metrics
+
+
 def apply_length_penalties(
     batch: RolloutBatch, config: LengthPenaltyConfig | Mapping[str, Any], kinds: GroupKinds | None = None
 ) -> LengthPenaltyResult:
@@ -261,6 +308,7 @@ def apply_length_penalties(
             "reasoning": batch.reasoning_lengths,
             "answer": batch.answer_lengths,
             "total": batch.total_lengths,
+            "truncated": batch.truncated,
         }
         parts = [
             _shape_bucket(b, params, rows, shaped_groups, shared, config.verbose) for b in layout.buckets
@@ -270,6 +318,7 @@ def apply_length_penalties(
         _warn(config, params, kinds, shaped_groups, shared.meta)
         invalid = torch.stack([shared.meta.invalid[key] for key in METADATA_KEYS]).any(0) & shaped_groups
         metrics = _row_metrics(env, result.double(), out, layout, kinds, params["enabled"], invalid)
+        metrics.update(_rollout_metrics(out))
         if not config.verbose:
             return LengthPenaltyResult(result, env, metrics)
         records = partial(

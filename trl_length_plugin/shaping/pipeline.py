@@ -25,6 +25,7 @@ from .normalization import TRL_NORMALIZATION, GroupNormalization, group_advantag
 from .penalties import LengthPenaltyResult, apply_length_penalties
 from .schedule import config_at, schedule_metrics
 from .threads import single_threaded
+from .truncation import apply_truncation
 
 
 @dataclass
@@ -37,6 +38,8 @@ class ShapingResult:
     - ``host_rows`` (bool): rows of groups the coefficient skipped (missing or non-binary correctness): a
       host keeps its own advantages there (``advantages`` holds its plain normalization for them).
     - ``keep`` (bool): rows whose group survives the zero-std filter (filter on), else None.
+    - ``loss_keep`` (bool): rows whose tokens stay in the loss under ``truncation: mask`` (reference §2.19),
+      else None; a host zeroes the loss mask of the others.
     - ``row_metrics``: reference §2.15 and §3 metrics as per-row values; ``metrics``: their means over the
       batch; ``penalties`` / ``coefficient``: the parts' own results (verbose group records, the ``Length
       penalty:`` lines).
@@ -52,6 +55,7 @@ class ShapingResult:
     row_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     penalties: LengthPenaltyResult | None = None
     coefficient: LengthCoefficientResult | None = None
+    loss_keep: torch.Tensor | None = None
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -102,8 +106,14 @@ def shape_rollouts(
     stepped = config_at(config, step)
     with single_threaded():
         layout, raw = batch.layout, batch.rewards.double()
-        kinds = classify_groups(layout, raw, batch.multi_component)
-        result = ShapingResult(layout, raw.clone(), raw, raw, (~kinds.binary)[layout.gid])
+        truncation = apply_truncation(batch, config.penalties)  # before the binary check (§2.19)
+        if truncation is not None:
+            batch = truncation.batch
+        kinds = classify_groups(layout, batch.rewards.double(), batch.multi_component)
+        result = ShapingResult(layout, batch.rewards.double(), raw, raw, (~kinds.binary)[layout.gid])
+        if truncation is not None:
+            result.row_metrics.update(truncation.row_metrics)
+            result.loss_keep = None if bool(truncation.keep.all()) else truncation.keep
         if config.penalties_on:
             result.penalties = apply_length_penalties(batch, stepped.penalties, kinds)
             result.rewards = result.penalties.rewards.double()
@@ -119,10 +129,10 @@ def shape_rollouts(
         if config.coefficient_on and normalization is not None:
             plain = dataclasses.asdict(normalization)
             result.advantages = group_advantages(
-                result.totals, raw, layout, **plain, plain_rows=result.host_rows
+                result.totals, batch.rewards.double(), layout, **plain, plain_rows=result.host_rows
             )
         if config.drop_zero_std_groups:
-            result.keep = nonzero_std_keep_mask(result.totals, raw, layout)
+            result.keep = nonzero_std_keep_mask(result.totals, batch.rewards.double(), layout)
             result.row_metrics["length_penalty/zero_std_filtered_frac"] = (~result.keep).double()
         for name, value in schedule_metrics(config, step).items():
             result.row_metrics[name] = torch.full_like(raw, value)

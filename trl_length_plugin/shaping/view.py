@@ -18,7 +18,8 @@ class GroupView:
     """Row matrices ``[width, Gb]`` of one bucket and per-group parameters ``p(name)`` (Gb,).
 
     ``processed``: rows of groups being shaped; ``positive``: those with reward > 0; ``eligible``: positive
-    rows of groups with at least two positives (§2.6); ``rewards``: correctness with NaN read as 0.
+    rows of groups with at least two positives (§2.6); ``rewards``: correctness with NaN read as 0 (for the
+    group terms: the rollout reward after the per-rollout terms, §2.6; ``positive`` stays the correctness).
     """
 
     bucket: Bucket
@@ -27,6 +28,7 @@ class GroupView:
     channel_lengths: torch.Tensor  # [width, len(CHANNELS), Gb]
     processed: torch.Tensor
     positive: torch.Tensor
+    truncated: torch.Tensor | None = None  # [width, Gb] bool, the hosts' truncated flag (§2.19)
 
     @functools.cached_property
     def lengths(self) -> dict[str, torch.Tensor]:
@@ -76,6 +78,11 @@ class GroupView:
     def stacked(self, template: str, channels: list[str]) -> torch.Tensor:
         """The parameter ``template.format(channel)`` of each channel, (C, Gb)."""
         return torch.stack([self.p(template.format(channel)) for channel in channels])
+
+    def channel_of(self, name: str) -> torch.Tensor:
+        """``[width, Gb]`` lengths of the channel each group's parameter ``name`` names."""
+        index = self.p(name).long()
+        return self.channel_lengths.gather(1, index.expand(self.bucket.width, 1, -1)).squeeze(1)
 
     def stacked_lengths(self, channels: list[str]) -> torch.Tensor:
         """``[width, C, Gb]`` lengths: the channels run through one set of tensor operations."""

@@ -52,6 +52,7 @@ from trl_length_plugin.trl_integration.rollouts import (
     consecutive_groups,
     gathered_batch,
     nested_metadata_warning,
+    truncated_flags,
 )
 
 logger = logging.getLogger("trl_length_plugin")
@@ -92,6 +93,11 @@ class LengthPenaltyReward:
             raise ValueError("length_penalty: the block enables no agent; the wrapper would do nothing")
         if config.uses_tokens() and tokenizer is None:
             raise ValueError("length_penalty: length_type 'tokens' needs a tokenizer (reference §2.5)")
+        if "mask" in config.length_penalty.truncation_modes:
+            raise ValueError(
+                "length_penalty.truncation: 'mask' needs the loss mask, which a reward function cannot reach; "
+                "use LengthPluginGRPOTrainer (or TRL's mask_truncated_completions), or 'penalty' / 'incorrect'"
+            )
         if num_generations is not None and num_generations < 2:
             raise ValueError(f"num_generations must be >= 2, got {num_generations}")
         self.correctness = correctness
@@ -152,6 +158,18 @@ class LengthPenaltyReward:
             return
         trainer.add_callback(LengthCardCallback(trainer, wrapper_card(self.shaping)))
 
+    def _truncated(self, trainer, completion_ids) -> torch.Tensor | None:
+        """TRL's ``is_truncated`` per local row when some agent sets ``truncation`` (reference §2.19): the
+        calling trainer's end-of-sequence and pad ids, else the tokenizer's."""
+        if not self.config.truncation_modes:
+            return None
+        if completion_ids is None:
+            raise ValueError("length_penalty.truncation needs completion_ids from the trainer")
+        source = getattr(trainer, "processing_class", None) or self.tokenizer
+        source = getattr(source, "tokenizer", source)
+        stops = list(getattr(trainer, "eos_token_ids", None) or [source.eos_token_id])
+        return truncated_flags(completion_ids, [*stops, source.pad_token_id])
+
     # -- the reward function ------------------------------------------------------------------------------
     def __call__(
         self, prompts, completions, completion_ids=None, log_metric=None, **columns
@@ -183,6 +201,7 @@ class LengthPenaltyReward:
             tokenizer=self.tokenizer,
             metadata=self._metadata,
             device=state.device,
+            truncated=self._truncated(trainer, completion_ids),
         )
         trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
         step = 0 if trainer_state is None else trainer_state.global_step

@@ -129,6 +129,13 @@ class LocalRollouts:
         return cls.from_columns(completions, columns, agent_column)
 
 
+def truncated_flags(completion_ids: Sequence[Sequence[int]], stop_ids: Sequence[int]) -> torch.Tensor:
+    """Per local row, whether the completion is truncated: its last token is not an end-of-sequence or pad
+    token (TRL's own ``is_truncated`` rule; docs/reference/length-penalties.md §2.19)."""
+    stops = set(stop_ids)
+    return torch.tensor([bool(ids) and int(ids[-1]) not in stops for ids in completion_ids], dtype=torch.bool)
+
+
 def gathered_batch(
     local: LocalRollouts,
     correctness: torch.Tensor,
@@ -140,10 +147,11 @@ def gathered_batch(
     base_rewards: torch.Tensor | None = None,
     metadata: RowMetadata | None = None,
     device: torch.device | None = None,
+    truncated: torch.Tensor | None = None,
 ) -> RolloutBatch:
     """The ``RolloutBatch`` of the whole gathered batch, with what ``config`` needs: channel lengths
-    (penalties, reference §2.5), loss-mask lengths (coefficient, §3.2), agents and, when some agent reads
-    it, metadata (parsed through ``metadata``, the caller's cache kept across steps, else a fresh one).
+    (penalties, reference §2.5), loss-mask lengths (coefficient, §3.2), the truncated flags (§2.19), agents
+    and, when some agent reads it, metadata (parsed through ``metadata``, the caller's cache kept across steps, else a fresh one).
 
     Every rank must call this with the same columns present, which holds because all ranks read the
     same dataset; ranks hold equally many rows in TRL, so rank r's rows are ``[r*n, (r+1)*n)``.
@@ -156,6 +164,8 @@ def gathered_batch(
         columns += [lengths.reasoning, lengths.answer]
     if loss_lengths is not None:
         columns.append(loss_lengths)
+    if truncated is not None:
+        columns.append(truncated)
     reads_metadata = block is not None and block.uses_metadata and local.metadata is not None
     if reads_metadata:
         columns.append((metadata or RowMetadata()).local_columns(local.metadata))
@@ -168,6 +178,10 @@ def gathered_batch(
         rows["agents"] = gather_object(local.agents) if local.agents is not None else None
         if reads_metadata:  # each group reads its first row: metadata is per prompt
             rows["metadata"] = RowMetadata.from_columns(values[layout.first_row, -sum(PARSED_WIDTHS) :])
+    column = 2 if block is not None else 0
     if loss_lengths is not None:
-        rows["loss_lengths"] = values[:, 2 if block is not None else 0]
+        rows["loss_lengths"] = values[:, column]
+        column += 1
+    if truncated is not None:
+        rows["truncated"] = values[:, column] > 0
     return RolloutBatch(correctness.detach().double().cpu(), layout, base_rewards=base_rewards, **rows)

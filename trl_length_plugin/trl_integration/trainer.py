@@ -47,6 +47,7 @@ from trl_length_plugin.trl_integration.rollouts import (
     consecutive_groups,
     gathered_batch,
     nested_metadata_warning,
+    truncated_flags,
 )
 from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin
 
@@ -318,6 +319,7 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             base_rewards=base.double().cpu(),
             metadata=self._metadata,
             device=self.accelerator.device,
+            truncated=self._truncated(completion_ids_list),
         )
         result = shape_rollouts(
             batch,
@@ -340,6 +342,13 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
         for key, value in result.metrics.items():
             self._metrics["train"][key].append(value)
         return result
+
+    def _truncated(self, completion_ids_list) -> torch.Tensor | None:
+        """TRL's ``is_truncated`` per local row when some agent sets ``truncation`` (reference §2.19)."""
+        block = self._shaping.penalties
+        if block is None or not block.truncation_modes:
+            return None
+        return truncated_flags(completion_ids_list, [*self.eos_token_ids, self._tokenizer.pad_token_id])
 
     def _loss_mask_lengths(self, completion_ids_list) -> torch.Tensor:
         """Per local row, the token count of ``completion_mask * tool_mask`` after
@@ -379,6 +388,13 @@ class LengthPluginGRPOTrainer(ScoreCenteringMixin, GRPOTrainer):
             _host.replace_logged(
                 self._logs["advantages"], self.accelerator.gather(output["advantages"]).tolist()
             )
+        if result.loss_keep is not None:  # truncation: mask, as TRL's mask_truncated_completions (§2.19)
+            kept = result.loss_keep[local].to(device).unsqueeze(1)
+            for key in ("completion_mask", "tool_mask"):
+                if output.get(key) is not None:
+                    output[key] = output[key] * kept.to(output[key].dtype)
+            loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         if result.keep is not None:
             keep = result.keep[local].to(device)
             completion_mask = output["completion_mask"]  # also the attention mask: left whole

@@ -4,6 +4,10 @@ Each algorithm is one small module that registers itself with :func:`register_te
 parameters (the flat ``length_penalty`` keys, unchanged), the channels it reads, its kind and its place in
 the §2.6 order. Per bucket of groups the engine runs:
 
+0. the ``rollout`` terms in ``order`` (cosine, overlong, truncation penalty, §2.17-2.19): per-row changes of
+   the correctness, added to the running rollout reward (which they read as ``inputs.adjustment``; a term may
+   return the new reward itself as ``reward``); the later terms read it as ``view.rewards``, while
+   ``view.positive`` stays the correctness;
 1. the ``gate`` terms (the profile gate, §2.13): per group, whether the gated terms apply;
 2. the ``additive`` terms in ``order``: each returns per-row adjustments, summed as they finish; a term that
    declares ``reads_adjustment`` receives the sum of the terms before it (the profiled penalty's ">= 0"
@@ -23,14 +27,14 @@ import torch
 
 from ..view import GroupView
 
-Kind = Literal["gate", "additive", "multiplier"]
+Kind = Literal["rollout", "gate", "additive", "multiplier"]
 
 
 @dataclass
 class TermInputs:
     """What a term may read besides the view, per group of the bucket (Gb,): the gate, the running sum of
-    earlier additive terms (``[width, Gb]``), the profiled threshold, the merged bands (Gb, 3) and the gate
-    limits."""
+    earlier additive terms (``[width, Gb]``; for a rollout term: the running rollout reward), the profiled
+    threshold, the merged bands (Gb, 3) and the gate limits."""
 
     gate_open: torch.Tensor
     adjustment: torch.Tensor
@@ -59,7 +63,7 @@ class Term:
 
 
 _REGISTRY: dict[str, Term] = {}
-_MODULES = ("profile_gate", "shortest_bonus", "longest_penalty", "group_relative", "zmad", "profiled",
+_MODULES = ("cosine", "overlong", "truncation", "profile_gate", "shortest_bonus", "longest_penalty", "group_relative", "zmad", "profiled",
             "pass_rate", "profile_band")  # fmt: skip
 
 
@@ -95,5 +99,7 @@ def terms(kind: Kind) -> list[Term]:
 for _module in _MODULES:
     importlib.import_module(f"{__name__}.{_module}")
 
-#: the additive terms' per-row outputs, in order (the verbose records' columns)
-ADDITIVE_OUTPUTS = tuple(name for term in terms("additive") for name in term.outputs)
+#: the rollout and additive terms' per-row outputs, in order (the verbose records' columns)
+ADDITIVE_OUTPUTS = tuple(
+    name for kind in ("rollout", "additive") for term in terms(kind) for name in term.outputs
+)

@@ -1,0 +1,36 @@
+"""Cosine length-scaled reward (docs/reference/length-penalties.md §2.18; Demystifying Long Chain-of-Thought
+Reasoning, arXiv 2502.03373, App. C.1, as TRL's ``get_cosine_scaled_reward``).
+
+Per rollout, progress ``t = min(n / L_max, 1)`` on the configured channel; a correct rollout gets
+``v_min + (v_max - v_min)(1 + cos(t pi)) / 2`` with ``(min_value_correct, max_value_correct)``, a wrong one the
+same with ``(max_value_wrong, min_value_wrong)``. The rollout reward becomes the cosine reward; the term's
+output is the change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..view import GroupView
+from . import TermInputs, register_term
+
+
+@register_term(
+    "cosine",
+    kind="rollout",
+    order=0,
+    parameters=("cosine_max_length",),
+    channels=("reasoning", "answer", "total"),
+)
+def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    longest = view.p("cosine_max_length")
+    on = longest > 0
+    progress = (view.channel_of("cosine_channel") / torch.where(on, longest, 1.0)).clamp_(max=1.0)
+    wave = torch.cos(progress * math.pi).add_(1.0).mul_(0.5)
+    low = torch.where(view.positive, view.p("cosine_min_value_correct"), view.p("cosine_max_value_wrong"))
+    high = torch.where(view.positive, view.p("cosine_max_value_correct"), view.p("cosine_min_value_wrong"))
+    on = view.processed & on
+    reward = torch.where(on, low + (high - low) * wave, view.rewards)
+    return {"cosine": (reward - view.rewards), "reward": reward}
