@@ -105,7 +105,10 @@ BAD = [
     ),
     (["+length_penalty=/no/such/length_penalty.yaml"], "length_penalty: '/no/such"),
     (["+length_penalty=3"], "length_penalty: expected a mapping"),
-    (["+length_penalty_coef=1.0"], "length_penalty_coef: unknown"),
+    (
+        ["+length_penalty_coef=1.0"],
+        "length_penalty_coef: unknown length-shaping key (did you mean 'length_penalty_coeff'?)",
+    ),
     (
         ["+length_penalty_coeff=-1", "algorithm.adv_estimator=length_grpo"],
         "length_penalty_coeff: Input should be greater",

@@ -34,7 +34,7 @@ FORCE = ["+force_on_policy_ratio=true"]
 
 BAD = [
     (["+score_centering_top_k=0"], "score_centering_top_k: required (>= 1)"),
-    (["+score_centering_topk=3"], "score_centering_topk: unknown score-centering key"),
+    (["+score_centering_topk=3"], "score_centering_topk: unknown score-centering key (did you mean 'score_centering_top_k'?)"),
     (["+score_centering_importance_sampling=sis"], "score_centering_importance_sampling: Input should be"),
     (["+score_centering_adaptive_target=0.5"], "score_centering_adaptive_target: a key of the adaptive"),
     (["+score_centering_importance_sampling=adaptive-ppo-clip"], "adaptive-ppo-clip needs force_on_policy_ratio"),

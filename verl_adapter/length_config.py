@@ -24,6 +24,7 @@ from trl_length_plugin.shaping.config import (
     SHAPING_KEYS,
     LengthConfigError,
     LengthShapingConfig,
+    did_you_mean,
     load_shaping_config,
 )
 
@@ -47,7 +48,8 @@ def shaping_config(config: DictConfig) -> LengthShapingConfig:
         )
     unknown = [k for k in config if str(k).startswith("length_penalty") and k not in VERL_KEYS]
     if unknown:
-        raise ValueError(f"{unknown[0]}: unknown length-shaping key; expected one of {', '.join(VERL_KEYS)}")
+        hint = did_you_mean(unknown[0], VERL_KEYS) or f"; expected one of {', '.join(VERL_KEYS)}"
+        raise ValueError(f"{unknown[0]}: unknown length-shaping key{hint}")
     try:
         shaping = load_shaping_config({key: _plain(config[key]) for key in VERL_KEYS if key in config})
     except LengthConfigError as err:

@@ -41,7 +41,7 @@ from trl_length_plugin.losses.score_centering_config import (
     refuse_sequence_ratio,
     sampling_filter_error,
 )
-from trl_length_plugin.shaping.config import config_error
+from trl_length_plugin.shaping.config import config_error, did_you_mean
 from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 from .length_config import _plain
@@ -93,9 +93,11 @@ def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
     """The shared keys of a full verl config, validated by the core (an unknown ``score_centering*`` key too)."""
     unknown = [k for k in config if str(k).startswith("score_centering") and k not in SCORE_CENTERING_KEYS]
     if unknown:
-        raise ValueError(
-            f"{unknown[0]}: unknown score-centering key; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
+        hint = (
+            did_you_mean(unknown[0], SCORE_CENTERING_KEYS)
+            or f"; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
         )
+        raise ValueError(f"{unknown[0]}: unknown score-centering key{hint}")
     try:
         return ScoreCenteringConfig.model_validate(
             {k: _plain(config[k]) for k in SCORE_CENTERING_KEYS if k in config}
