@@ -42,6 +42,7 @@ from trl_length_plugin.losses.score_centering_config import (
     refuse_sequence_ratio,
     sampling_filter_error,
 )
+from trl_length_plugin.shaping.settings import score_centering_settings_line
 from trl_length_plugin.trl_integration import vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
@@ -284,7 +285,8 @@ class ScoreCenteringMixin:
         self._controller = None
         if plan.mode == "adaptive-ppo-clip":
             self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
-        logger.info("trl-length-plugin: %s (vLLM %s)", plan.summary(), generation.mode)
+        summary = f"{plan.summary()} (vLLM {generation.mode})"
+        logger.info("%s", score_centering_settings_line(self.args.score_centering_config, summary))
 
     # -- generation ---------------------------------------------------------------------------------------
     def _generate(self, prompts):
