@@ -35,6 +35,7 @@ from trl_length_plugin.losses.score_centering_config import (
     ScoreCenteringPlanBase,
     adaptive_ppo_clip_bounds,
     check_clip_keys,
+    check_clip_range,
     check_engine_cap,
     check_is_bounds,
     check_top_k_vocabulary,
@@ -276,6 +277,14 @@ def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str,
     if base in SEQUENCE_RATIO_LOSS_MODES:
         refuse_sequence_ratio(f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}")
     check_clip_keys({f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS})
+    if shared.score_centering_importance_sampling != "adaptive-ppo-clip":
+        low, high = (name if actor.get(name) is not None else "clip_ratio" for name in CLIP_KEYS[1:])
+        check_clip_range(
+            actor.get(low),
+            actor.get(high),
+            f"actor_rollout_ref.actor.{low}",
+            f"actor_rollout_ref.actor.{high}",
+        )
     if base not in BASE_LOSS_AGGREGATION:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "

@@ -36,6 +36,7 @@ from trl_length_plugin.losses.score_centering_config import (
     ScoreCenteringPlanBase,
     adaptive_ppo_clip_bounds,
     check_clip_keys,
+    check_clip_range,
     check_engine_cap,
     check_is_bounds,
     check_top_k_vocabulary,
@@ -161,6 +162,9 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
     top_k = config.score_centering_top_k
     _check_token_ratio(args)
     check_clip_keys({"epsilon": args.epsilon, "epsilon_high": args.epsilon_high})
+    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
+        high_key = "epsilon" if args.epsilon_high is None else "epsilon_high"
+        check_clip_range(args.epsilon, getattr(args, high_key), "epsilon", high_key)
     check_engine_cap(
         (args.vllm_engine_kwargs or {}).get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
     )
