@@ -235,6 +235,31 @@ def test_misspelled_recipe_key_and_the_console_command(tmp_path):
     )
 
 
+def test_duplicate_recipe_key_is_refused_as_the_trainers_cli_refuses_it(tmp_path):
+    """``--config`` goes through the trainer CLI's YAML reader: a key written twice is one line naming the
+    key and both lines (exit 2), not the second value silently winning."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("length_penalty_coeff: 0.1\nlearning_rate: 1.0e-4\nlength_penalty_coeff: 0.5\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trl_length_plugin.commands",
+            "preview",
+            str(write_rollouts(tmp_path / "r.jsonl")),
+            "--config",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        f"trl-length preview: error: {path}: key 'length_penalty_coeff' written twice (line 1 and line 3)\n"
+    )
+
+
 def test_normalization_is_the_trainers():
     from trl_length_plugin.offline.preview import trl_normalization
     from trl_length_plugin.trl_integration.trainer import trl_normalization as trainer_normalization

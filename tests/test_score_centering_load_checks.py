@@ -137,6 +137,7 @@ TRL_BAD = {
         ({"epsilon": NAN}, "epsilon: must be a finite number, got nan"),
         ({**ADAPTIVE, "epsilon": NAN}, "epsilon: must be a finite number, got nan"),
         ({**ADAPTIVE, "epsilon_high": -0.5}, "epsilon_high: adaptive-ppo-clip needs hi + k_min > lo"),
+        ({"epsilon_high": -0.5}, "epsilon_high: the base loss's clip range [1 - epsilon, 1 + epsilon_high] = [0.8, 0.5] is empty"),
         ({**ADAPTIVE, "score_centering_adaptive_k_min": -0.5}, "score_centering_adaptive_k_min: adaptive-ppo-clip needs hi + k_min > lo"),
     ],
     "K": [
@@ -186,6 +187,9 @@ def test_trl_accepts_the_edges_the_rules_allow(tmp_path):
                          score_centering_adaptive_k_init=0.0).score_centering_plan  # fmt: skip
     assert adaptive.bounds_at(-0.39)[1] - adaptive.bounds[0] == pytest.approx(0.01)
     assert sc_config(tmp_path, vllm_engine_kwargs={"max_logprobs": -1}).score_centering_plan.top_k == K
+    assert (
+        sc_config(tmp_path, epsilon=0.2, epsilon_high=-0.19).score_centering_plan.mode == "tis"
+    )  # [0.8, 0.81]
 
 
 def test_trl_top_k_above_the_vocabulary_is_refused_before_the_model_loads(tmp_path, random_model_dir):
@@ -207,6 +211,7 @@ CLI_BAD = {
     "K": (["--vllm_engine_kwargs", '{"max_logprobs": "many"}'], "vllm_engine_kwargs.max_logprobs: expected an integer"),
     "sampling filters": (["--top_p", "nan"], "top_p: must be a finite number in (0, 1], got nan"),
     "sequence-level ratio": (["--importance_sampling_level", "sequence"], "importance_sampling_level: 'sequence' uses a per-sequence"),
+    "empty clip range": (["--epsilon_high", "-0.5"], "epsilon_high: the base loss's clip range [1 - epsilon, 1 + epsilon_high] = [0.8, 0.5] is empty"),
 }  # fmt: skip
 
 
@@ -252,6 +257,7 @@ VERL_BAD = {
         (VERL_ADAPTIVE + ["actor_rollout_ref.actor.clip_ratio_high=-0.5"], "actor_rollout_ref.actor.clip_ratio_high: adaptive-ppo-clip needs hi + k_min > lo"),
         (VERL_ADAPTIVE + ["+score_centering_adaptive_k_min=-0.5"], "score_centering_adaptive_k_min: adaptive-ppo-clip needs hi + k_min > lo"),
         (["actor_rollout_ref.actor.clip_ratio_high=nan"], "actor_rollout_ref.actor.clip_ratio_high: must be a finite number"),
+        (["actor_rollout_ref.actor.clip_ratio_high=-0.5"], "actor_rollout_ref.actor.clip_ratio_high: the base loss's clip range [1 - actor_rollout_ref.actor.clip_ratio_low, 1 + actor_rollout_ref.actor.clip_ratio_high] = [0.8, 0.5] is empty"),
         (VERL_MODES["icepop"][:1] + ["algorithm.rollout_correction.rollout_is_threshold='1.5_1.5'"],
          "algorithm.rollout_correction.rollout_is_threshold: the importance-sampling upper bound must be above"),
         (VERL_MODES["icepop"][:1] + ["algorithm.rollout_correction.rollout_is_threshold='nan_2'"],

@@ -21,6 +21,7 @@ from trl_length_plugin.shaping import (
     log_length_coefficient,
     nonzero_std_keep_mask,
 )
+from trl_length_plugin.shaping.log import length_penalty_records, records_summary
 
 
 def test_document_example_doubling_the_reference_halves_the_reward():
@@ -195,3 +196,19 @@ def test_step_summary_line(caplog):
         "multiplier_mean=0.875000 multiplier_min=0.500000 reward_reduction_mean=0.125000"
     ]
     assert length_penalty_summary(result) == caplog.records[0].getMessage().replace("step=3", "step=-")
+
+
+def test_step_summary_of_records_shaped_in_parts():
+    """verl shapes a step's groups in parts (as they finish): the summary of the parts' records is the
+    summary of the whole step (groups counted by session id)."""
+    whole = apply_length_coefficient([1.0, 1.0, 0.0, 1.0], [10, 20, 7, 5], [4, 4, 4, 9], coeff=1.0)
+    first = apply_length_coefficient([1.0, 1.0, 0.0], [10, 20, 7], [4, 4, 4], coeff=1.0)
+    second = apply_length_coefficient([1.0], [5], [9], coeff=1.0)
+    records = length_penalty_records(first, 3, ["step3/a"] * 3) + length_penalty_records(
+        second, 3, ["step3/b"]
+    )
+    assert records_summary(records, 1.0, 3) == length_penalty_summary(whole, 3)
+    assert records_summary([], 0.5, 1) == (
+        "Length penalty: step=1 coeff=0.5 rollouts=0 groups=0 penalized=0 generated_tokens_mean=0.0 "
+        "multiplier_mean=0.000000 multiplier_min=1.000000 reward_reduction_mean=0.000000"
+    )

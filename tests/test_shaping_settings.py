@@ -37,3 +37,17 @@ def test_no_feature_is_no_line_and_a_block_of_defaults_says_so():
     assert shaping_settings_lines(load_shaping_config({"length_penalty": {"default": {}}})) == [
         "trl-length-plugin: group length penalties: length_penalty={} (the defaults)"
     ]
+
+
+def test_score_centering_line_adds_the_keys_with_values_to_the_plan():
+    """The plan's resolved summary, then each key the config changed from its default, as ``key=value``."""
+    from trl_length_plugin.losses.score_centering_config import ScoreCenteringConfig
+    from trl_length_plugin.shaping.settings import score_centering_settings_line
+
+    config = ScoreCenteringConfig(
+        score_centering=True, score_centering_top_k=16, score_centering_importance_sampling="tis"
+    )
+    assert score_centering_settings_line(config, "score centering: K=16, mode tis in [0, 3]") == (
+        "trl-length-plugin: score centering: K=16, mode tis in [0, 3]; score_centering=true, "
+        "score_centering_importance_sampling=tis, score_centering_top_k=16"
+    )

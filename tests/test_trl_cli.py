@@ -113,6 +113,10 @@ PRE_IMPORT = {
         lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", "1.5"],
         ["score_centering_top_k"],
     ),
+    "fractional top_k flag": (
+        lambda p: ["--config", "recipe:coefficient_cpu", "--top_k", "1.5"],
+        ["top_k: must be a whole number: -1 or 0 (off) or >= 1, got 1.5"],
+    ),
     "TRL choice key": (
         lambda p: ["--config", "recipe:group_relative_cpu", "--loss_type", "dr-grpo"],
         ["loss_type: 'dr-grpo' is not one of", "(did you mean 'dr_grpo'?)"],

@@ -191,6 +191,28 @@ def test_wrapper_reads_the_trainers_group_size_and_refuses_a_mismatch(setup, tmp
 
 
 @pytest.mark.slow
+def test_wrapper_refuses_a_bad_trl_key_of_the_stock_trainer_at_its_first_call(setup, tmp_path):
+    """TRL's stock ``GRPOConfig`` takes ``loss_type: GRPO`` and fails only at the loss with its own message;
+    the wrapper's first call refuses it in one line naming the key, with the config's did-you-mean."""
+    from trl import GRPOConfig
+
+    from tests.trl_length_helpers import TINY
+
+    tokenizer, common = setup
+    common = {k: v for k, v in common.items() if k != "eval_dataset"}
+    wrapper = LengthPenaltyReward(correctness_reward, BLOCK, tokenizer=tokenizer)
+    args = GRPOConfig(output_dir=str(tmp_path), **{**TINY, "loss_type": "GRPO"})
+    stock = RecordingStockTrainer(reward_funcs=[correctness_reward, wrapper], args=args, **common)
+    with pytest.raises(ValueError) as error:
+        stock.train()
+    assert str(error.value) == (
+        "LengthPenaltyReward: the trainer's loss_type: 'GRPO' is not one of 'grpo', 'dr_grpo', 'dapo', 'bnpo', "
+        "'cispo', 'sapo', 'luspo', 'vespo' (did you mean 'grpo'?)"
+    )
+    assert not stock.records  # refused in the first reward call, before any batch reached the loss
+
+
+@pytest.mark.slow
 def test_wrapper_prints_its_settings_and_writes_its_card_section(setup, tmp_path, caplog):
     """On TRL's stock trainer with ``save_strategy: "no"`` (TRL writes no card): the wrapper logs its
     settings line with the values at INFO, and the card written when training ends carries the

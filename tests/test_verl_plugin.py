@@ -105,7 +105,10 @@ BAD = [
     ),
     (["+length_penalty=/no/such/length_penalty.yaml"], "length_penalty: '/no/such"),
     (["+length_penalty=3"], "length_penalty: expected a mapping"),
-    (["+length_penalty_coef=1.0"], "length_penalty_coef: unknown"),
+    (
+        ["+length_penalty_coef=1.0"],
+        "length_penalty_coef: unknown length-shaping key (did you mean 'length_penalty_coeff'?)",
+    ),
     (
         ["+length_penalty_coeff=-1", "algorithm.adv_estimator=length_grpo"],
         "length_penalty_coeff: Input should be greater",
@@ -127,6 +130,14 @@ BAD = [
         "length_penalty_coeff_warmup_steps: needs length_penalty_coeff > 0",
     ),
     (["+drop_zero_std_groups=true"], "drop_zero_std_groups: in verl use algorithm.filter_groups"),
+    (
+        ["+length_penalty_log_rollouts=maybe"],
+        "length_penalty_log_rollouts: must be true or false, got 'maybe'",
+    ),
+    (
+        ["+length_penalty_log_rollout=true"],
+        "length_penalty_log_rollout: unknown length-shaping key (did you mean 'length_penalty_log_rollouts'?)",
+    ),
     (["+length_penalty_coeff=1.0"], "algorithm.adv_estimator: length_penalty_coeff > 0 goes with"),
     (["algorithm.adv_estimator=length_grpo"], "algorithm.adv_estimator: length_penalty_coeff > 0 goes with"),
     (
@@ -144,6 +155,14 @@ BAD = [
         "actor_rollout_ref.rollout.n",
     ),
 ]
+
+
+def test_per_rollout_lines_are_behind_the_trl_key():
+    """One ``Length penalty:`` summary line per step by default; ``+length_penalty_log_rollouts=true`` (TRL's
+    key) switches to one line per rollout (reference §3.4; the lines themselves: test_verl_shaping.py)."""
+    coeff = ["+length_penalty_coeff=0.5", "algorithm.adv_estimator=length_grpo"]
+    assert make_trainer(coeff).length_log_rollouts is False
+    assert make_trainer([*coeff, "+length_penalty_log_rollouts=true"]).length_log_rollouts is True
 
 
 @pytest.mark.parametrize(("overrides", "key"), BAD, ids=[key for _, key in BAD])

@@ -34,7 +34,7 @@ FORCE = ["+force_on_policy_ratio=true"]
 
 BAD = [
     (["+score_centering_top_k=0"], "score_centering_top_k: required (>= 1)"),
-    (["+score_centering_topk=3"], "score_centering_topk: unknown score-centering key"),
+    (["+score_centering_topk=3"], "score_centering_topk: unknown score-centering key (did you mean 'score_centering_top_k'?)"),
     (["+score_centering_importance_sampling=sis"], "score_centering_importance_sampling: Input should be"),
     (["+score_centering_adaptive_target=0.5"], "score_centering_adaptive_target: a key of the adaptive"),
     (["+score_centering_importance_sampling=adaptive-ppo-clip"], "adaptive-ppo-clip needs force_on_policy_ratio"),
@@ -123,7 +123,10 @@ def test_a_valid_config_registers_the_capturing_replica_and_sets_what_the_run_ne
     assert rollout.agent.agent_loop_manager_class == MANAGER_CLASS
     assert rollout.engine_kwargs.vllm.max_logprobs == 20  # vLLM's default, which admits K = 4
     assert trainer.score_centering.summary() in caplog.text
-    assert "score centering: K=4, mode tis in [0, 1.5], base loss vanilla" in caplog.text
+    assert (
+        "score centering: K=4, mode tis in [0, 1.5], base loss vanilla; score_centering=true, " in caplog.text
+    )
+    assert "score_centering_top_k=4" in caplog.text  # the keys with their values (reference §3.4)
     assert trainer._score_centering_actor.policy_loss.loss_mode == "score_centering"
     assert trainer.score_centering_controller is None
     wide = make_trainer(with_overrides(MODES["off"] + ["+score_centering_top_k=64"]))

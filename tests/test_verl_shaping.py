@@ -211,8 +211,17 @@ def test_shaped_scores_and_advantages_equal_the_engine(store, tokenizer, penalty
     for key, value in expected_metrics.items():
         assert metrics[key] == pytest.approx(value, abs=1e-12), key
     messages = [record.getMessage() for record in caplog.records]
-    assert sum(m.startswith("Length penalty:") for m in messages) == len(items)  # §3.4: real rollouts only
+    summaries = [m for m in messages if m.startswith("Length penalty:")]  # §3.4: one line, real rollouts only
+    assert len(summaries) == 1
+    assert summaries[0].startswith(f"Length penalty: step=1 coeff={COEFF:g} rollouts={len(items)} groups=6 ")
     assert sum(m.startswith("length_penalty group=") for m in messages) == 6  # verbose group records
+
+    trainer.length_log_rollouts = True  # what +length_penalty_log_rollouts=true sets (test_verl_plugin.py)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trl_length_plugin"):
+        run_advantage_step(trainer, items, tokenizer, groups=6)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Length penalty:")]
+    assert len(lines) == len(items) and all(" session_id=step1/g" in line for line in lines)
 
 
 @pytest.mark.slow

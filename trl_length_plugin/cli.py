@@ -208,7 +208,8 @@ def read_command_line(argv: list[str]) -> CommandLine:
 
 def check_sampling_filters(command: CommandLine) -> None:
     """TRL's sampling filters as written, in vLLM's ranges (docs/reference/score-centering.md §5.5): the value
-    alone decides. A flag is read as TRL's parser reads it; one that parser cannot read is left to it."""
+    alone decides. A flag is read as TRL's parser reads it (a fractional ``--top_k`` as the number it is, so it
+    is refused here); one that is no number is left to that parser."""
     for name, kind in SAMPLING_FILTERS.items():
         if name not in command.written:
             continue
@@ -217,7 +218,10 @@ def check_sampling_filters(command: CommandLine) -> None:
             try:
                 value = kind(value)
             except (TypeError, ValueError):
-                continue
+                try:
+                    value = float(value)
+                except (TypeError, ValueError):
+                    continue
         error = sampling_filter_error(name, value)
         if error is not None:
             raise ValueError(f"{name}: {error}")

@@ -148,9 +148,9 @@ def added_keys(overrides: list[str]) -> set[str]:
 def plugin_keys() -> tuple[str, ...]:
     """Every top-level key the plugin reads in verl (``drop_zero_std_groups`` gets its own pointer)."""
     from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS
-    from verl_adapter.length_config import VERL_KEYS
+    from verl_adapter.length_config import LOG_ROLLOUTS, VERL_KEYS
 
-    return (*VERL_KEYS, *SCORE_CENTERING_KEYS, "drop_zero_std_groups")
+    return (*VERL_KEYS, LOG_ROLLOUTS, *SCORE_CENTERING_KEYS, "drop_zero_std_groups")
 
 
 def misspelt_keys(added: set[str]) -> dict[str, str]:

@@ -11,7 +11,9 @@ Top-level keys of verl's Hydra config (added with ``+``), named as in every host
 - ``length_schedule``: numeric keys moved through stages by ``trainer.global_steps`` (§3.7), a Hydra list
   (``+length_schedule='[{key: length_penalty_coeff, stages: [{until_step: 10, value: 0.1}]}]'``) or the path
   of a YAML file;
-- ``reasoning_tags``: the reasoning channel's tags (§2.5).
+- ``reasoning_tags``: the reasoning channel's tags (§2.5);
+- ``length_penalty_log_rollouts``: one ``Length penalty:`` line per rollout instead of one summary line per
+  step (§3.4), as in TRL.
 
 verl filters groups with its own ``algorithm.filter_groups`` (judged on shaped rewards here), so the TRL
 key ``drop_zero_std_groups`` is refused with that pointer. A top-level key that starts with
@@ -27,6 +29,7 @@ from trl_length_plugin.shaping.config import (
     SHAPING_KEYS,
     LengthConfigError,
     LengthShapingConfig,
+    did_you_mean,
     load_shaping_config,
 )
 
@@ -35,6 +38,8 @@ LENGTH_GRPO = "length_grpo"
 #: the only ``algorithm.filter_groups.metric`` the shaped filter can judge (reference §3.3)
 FILTER_METRIC = "reward"
 VERL_KEYS = tuple(key for key in SHAPING_KEYS if key != "drop_zero_std_groups")
+#: TRL's key of that name: one ``Length penalty:`` line per rollout instead of the step's summary (§3.4)
+LOG_ROLLOUTS = "length_penalty_log_rollouts"
 
 
 def _plain(value):
@@ -50,9 +55,12 @@ def shaping_config(config: DictConfig) -> LengthShapingConfig:
             "drop_zero_std_groups: in verl use algorithm.filter_groups.enable=true "
             f"algorithm.filter_groups.metric={FILTER_METRIC} (judged on shaped rewards, reference §3.3)"
         )
-    unknown = [k for k in config if str(k).startswith("length_penalty") and k not in VERL_KEYS]
+    known = (*VERL_KEYS, LOG_ROLLOUTS)
+    unknown = [k for k in config if str(k).startswith("length_penalty") and k not in known]
     if unknown:
-        raise ValueError(f"{unknown[0]}: unknown length-shaping key; expected one of {', '.join(VERL_KEYS)}")
+        hint = did_you_mean(unknown[0], known) or f"; expected one of {', '.join(known)}"
+        raise ValueError(f"{unknown[0]}: unknown length-shaping key{hint}")
+    log_rollouts(config)
     try:
         shaping = load_shaping_config({key: _plain(config[key]) for key in VERL_KEYS if key in config})
     except LengthConfigError as err:
@@ -65,6 +73,15 @@ def shaping_config(config: DictConfig) -> LengthShapingConfig:
         )
     check_algorithm(shaping, config.algorithm, config.actor_rollout_ref.rollout.n)
     return shaping
+
+
+def log_rollouts(config: DictConfig) -> bool:
+    """``+length_penalty_log_rollouts=true``: one ``Length penalty:`` line per rollout instead of one summary
+    line per step (reference §3.4)."""
+    value = config.get(LOG_ROLLOUTS, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{LOG_ROLLOUTS}: must be true or false, got {value!r}")
+    return value
 
 
 def check_algorithm(shaping: LengthShapingConfig, algorithm: DictConfig, rollout_n: int) -> None:

@@ -36,12 +36,13 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.workers.utils.padding import response_to_nested
 
-from trl_length_plugin.shaping.log import format_length_penalty
+from trl_length_plugin.shaping.log import format_length_penalty, records_summary
 from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
+from trl_length_plugin.shaping.settings import shaping_settings_lines
 
 from .length_advantage import raw_scores
-from .length_config import shaping_config
+from .length_config import log_rollouts, shaping_config
 from .length_filter import SHAPED_BUFFERS, with_shaped_filter
 from .length_rollouts import RolloutShaper, ShapedRows, padded, row_lengths
 from .luspo import check_kl_aggregation
@@ -80,11 +81,12 @@ class LengthShapingMixin:
         if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
             check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
         self.length_shaping = shaping_config(config)
+        self.length_log_rollouts = log_rollouts(config)
         self.length_shaper = RolloutShaper(self.length_shaping, step=lambda: self.global_steps)
         self.length_shaper.max_response_length = config.data.get("max_response_length")
         follow_verl_log_level()
-        if self.length_shaping.enabled:
-            logger.info("trl-length-plugin: %s", self.length_shaping.summary())
+        for line in shaping_settings_lines(self.length_shaping):
+            logger.info(line)
         super().__init__(config)
 
     def _build_replay_buffer(self):
@@ -159,13 +161,19 @@ class LengthShapingMixin:
         return self.length_shaper.take(fetch, keys)
 
     def _log(self, rows: ShapedRows) -> None:
-        """The verbose group records and the §3.4 lines of this training batch."""
+        """The verbose group records and the §3.4 lines of this training batch: one summary line, or one line
+        per rollout with ``length_penalty_log_rollouts``."""
         block = self.length_shaping.penalties
         if block is not None and block.verbose:
             log_group_records(rows.records)
-        if logger.isEnabledFor(logging.INFO):
-            for line in rows.lines:
-                logger.info(format_length_penalty(line))
+        if not rows.lines or not logger.isEnabledFor(logging.INFO):
+            return
+        if not self.length_log_rollouts:
+            step = self.global_steps
+            logger.info(records_summary(rows.lines, self.length_shaping.coeff_at(step), step))
+            return
+        for line in rows.lines:
+            logger.info(format_length_penalty(line))
 
     @staticmethod
     def _put(batch: KVBatchMeta, **fields: torch.Tensor) -> KVBatchMeta:

@@ -35,13 +35,14 @@ from trl_length_plugin.losses.score_centering_config import (
     ScoreCenteringPlanBase,
     adaptive_ppo_clip_bounds,
     check_clip_keys,
+    check_clip_range,
     check_engine_cap,
     check_is_bounds,
     check_top_k_vocabulary,
     refuse_sequence_ratio,
     sampling_filter_error,
 )
-from trl_length_plugin.shaping.config import config_error
+from trl_length_plugin.shaping.config import config_error, did_you_mean
 from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 from .length_config import _plain
@@ -93,9 +94,11 @@ def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
     """The shared keys of a full verl config, validated by the core (an unknown ``score_centering*`` key too)."""
     unknown = [k for k in config if str(k).startswith("score_centering") and k not in SCORE_CENTERING_KEYS]
     if unknown:
-        raise ValueError(
-            f"{unknown[0]}: unknown score-centering key; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
+        hint = (
+            did_you_mean(unknown[0], SCORE_CENTERING_KEYS)
+            or f"; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
         )
+        raise ValueError(f"{unknown[0]}: unknown score-centering key{hint}")
     try:
         return ScoreCenteringConfig.model_validate(
             {k: _plain(config[k]) for k in SCORE_CENTERING_KEYS if k in config}
@@ -274,6 +277,14 @@ def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str,
     if base in SEQUENCE_RATIO_LOSS_MODES:
         refuse_sequence_ratio(f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}")
     check_clip_keys({f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS})
+    if shared.score_centering_importance_sampling != "adaptive-ppo-clip":
+        low, high = (name if actor.get(name) is not None else "clip_ratio" for name in CLIP_KEYS[1:])
+        check_clip_range(
+            actor.get(low),
+            actor.get(high),
+            f"actor_rollout_ref.actor.{low}",
+            f"actor_rollout_ref.actor.{high}",
+        )
     if base not in BASE_LOSS_AGGREGATION:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "

@@ -33,6 +33,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from trl_length_plugin.losses.adaptive_controller import STATE_FILE, AdaptiveClipController
+from trl_length_plugin.shaping.settings import score_centering_settings_line
 
 from .score_centering_config import (
     LOSS_MODE,
@@ -78,7 +79,8 @@ class ScoreCenteringMixin:
                 self.score_centering_controller = AdaptiveClipController.from_config(
                     score_centering_config(config)
                 )
-            logger.info("trl-length-plugin: %s", self.score_centering.summary())
+            summary = self.score_centering.summary()
+            logger.info("%s", score_centering_settings_line(score_centering_config(config), summary))
         super().__init__(config)
 
     def on_init_end(self):

@@ -135,6 +135,17 @@ def check_clip_keys(values: dict[str, float | None]) -> None:
             _finite(value, key)
 
 
+def check_clip_range(low: float, high: float, low_key: str, high_key: str) -> None:
+    """The base loss's ratio clip ``[1 - low, 1 + high]`` (finite keys) must not be empty under score centering:
+    with ``1 + high <= 1 - low`` every ratio clips to one constant and positive-advantage tokens get no
+    gradient (reference §5.5). adaptive-ppo-clip has its own rule (``adaptive_ppo_clip_bounds``)."""
+    if 1.0 + high <= 1.0 - low:
+        raise ValueError(
+            f"{high_key}: the base loss's clip range [1 - {low_key}, 1 + {high_key}] = [{1.0 - low:g}, "
+            f"{1.0 + high:g}] is empty, so positive-advantage tokens would learn nothing"
+        )
+
+
 def check_top_k_vocabulary(top_k: int, vocab_size: int) -> None:
     """K is at most the model's vocabulary size (reference §5.5); checked when the host knows the model."""
     if top_k > vocab_size:

@@ -19,7 +19,7 @@ from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, Parser, run
 from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs, replacing
-from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config
+from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config, read_yaml
 from trl_length_plugin.shaping.schedule import schedule_end
 
 PROG = "trl-length preview"
@@ -68,18 +68,14 @@ def make_parser() -> Parser:
 
 
 def _read_recipe(value: str) -> dict[str, Any]:
-    import yaml
-
+    """The recipe as the trainer's CLI reads it (``read_yaml``: a key written twice is refused)."""
     from trl_length_plugin.recipes import resolve_config
 
     try:
         path = resolve_config(value)
+        recipe = read_yaml(path)
     except ValueError as err:
         raise CommandError(str(err)) from None
-    try:
-        recipe = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise CommandError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
     if recipe is None:
         return {}
     if not isinstance(recipe, dict):

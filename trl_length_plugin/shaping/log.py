@@ -74,18 +74,23 @@ def length_penalty_lines(
 
 def length_penalty_summary(result: LengthCoefficientResult, step: int | None = None) -> str:
     """The §3.4 summary line of one step's rollouts."""
-    penalized = result.multipliers < 1
-    lengths = result.lengths.double()
-    multipliers = result.multipliers.double()
-    reductions = torch.nan_to_num(result.reward_reductions.double())
+    return records_summary(length_penalty_records(result), result.coeff, step)
+
+
+def records_summary(records: Sequence[dict[str, Any]], coeff: float, step: int | None = None) -> str:
+    """The §3.4 summary line of one step's records (``length_penalty_records``, possibly from several calls;
+    a group is a ``session_id``)."""
+    lengths = torch.tensor([r["generated_tokens"] for r in records], dtype=torch.float64)
+    multipliers = torch.tensor([r["multiplier"] for r in records], dtype=torch.float64)
+    reductions = torch.nan_to_num(torch.tensor([r["reward_reduction"] for r in records], dtype=torch.float64))
     rows = lengths.numel()
 
     def mean(values: torch.Tensor) -> float:
         return float(values.mean()) if values.numel() else 0.0
 
     return (
-        f"Length penalty: step={'-' if step is None else step} coeff={result.coeff:g} rollouts={rows} "
-        f"groups={result.layout.num_groups} penalized={int(penalized.sum())} "
+        f"Length penalty: step={'-' if step is None else step} coeff={coeff:g} rollouts={rows} "
+        f"groups={len({r['session_id'] for r in records})} penalized={int((multipliers < 1).sum())} "
         f"generated_tokens_mean={mean(lengths):.1f} multiplier_mean={mean(multipliers):.6f} "
         f"multiplier_min={float(multipliers.min()) if rows else 1.0:.6f} "
         f"reward_reduction_mean={mean(reductions):.6f}"

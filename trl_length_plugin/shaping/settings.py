@@ -1,11 +1,14 @@
 """The settings lines of a run: one line per length feature that is on, with every key it set and its value
-(docs/reference/length-coefficient.md §3.4), for the setup log of every host and adapter."""
+(docs/reference/length-coefficient.md §3.4), for the setup log of every host and adapter; score centering's
+line adds the keys to its resolved plan (docs/reference/score-centering.md)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from pydantic import BaseModel
 
 from .config import LengthShapingConfig
 
@@ -51,3 +54,11 @@ def shaping_settings_lines(config: LengthShapingConfig) -> list[str]:
         schedule = [s.model_dump(mode="json", exclude_none=True) for s in config.length_schedule]
         lines.append(f"{PREFIX}length schedule: length_schedule={_value(schedule)}")
     return lines
+
+
+def score_centering_settings_line(config: BaseModel, summary: str) -> str:
+    """The score-centering line: the resolved plan (``summary``), then every key of ``config`` (a
+    ``ScoreCenteringConfig``) that differs from its default, with its value."""
+    return f"{PREFIX}{summary}; " + ", ".join(
+        flat_items(config.model_dump(mode="json", exclude_defaults=True))
+    )

@@ -4,7 +4,8 @@ Reward functions see only their own rank's completions and a group may be split 
 (docs/trl.md, "How it hooks into TRL"), so the wrapper gathers what the penalties need itself: every rank calls reward
 functions in the same order, and the gather order is the sampler order, so the gathered rows form
 consecutive groups of the trainer's ``num_generations`` (read from the calling trainer; a different value
-given to the wrapper is refused at the first call). It returns this rank's part of ``shaped -
+given to the wrapper is refused at the first call, as is a value of TRL's own keys that the plugin's config
+refuses at load, docs/reference/product.md §1.3). It returns this rank's part of ``shaped -
 correctness``, the ``length_penalty`` column of docs/reference/length-penalties.md §2.4, and gives the same
 rewards as ``LengthPluginGRPOTrainer`` for the group penalties (both run the core's ``shape_rollouts``).
 
@@ -54,6 +55,7 @@ from trl_length_plugin.trl_integration.rollouts import (
     nested_metadata_warning,
     truncated_flags,
 )
+from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -109,6 +111,7 @@ class LengthPenaltyReward:
         self.weight = 1.0
         self.model = None
         self._checked_nesting = False
+        self._checked_args = False
         self._metadata = RowMetadata()
         for line in shaping_settings_lines(config):
             logger.info("%s (reward wrapper)", line)
@@ -151,6 +154,18 @@ class LengthPenaltyReward:
             )
         return size
 
+    def _check_trainer_args(self, trainer) -> None:
+        """TRL's own keys of the calling trainer's args (docs/reference/product.md §1.3), once: the stock trainer
+        checks them only at the first loss (or never), so the wrapper refuses them at its first call."""
+        args = getattr(trainer, "args", None)
+        if self._checked_args or args is None:
+            return
+        self._checked_args = True
+        try:
+            check_trl_keys({key: getattr(args, key) for key in TRL_KEYS if hasattr(args, key)})
+        except ValueError as err:
+            raise ValueError(f"LengthPenaltyReward: the trainer's {err}") from None
+
     def _add_card(self, trainer) -> None:
         """Give the calling trainer the card section of this wrapper, once (``model_card.LengthCardCallback``)."""
         handler = getattr(trainer, "callback_handler", None)
@@ -178,6 +193,7 @@ class LengthPenaltyReward:
             prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
         )
         trainer = getattr(log_metric, "__self__", None)
+        self._check_trainer_args(trainer)
         self._add_card(trainer)
         if not self._training(trainer):
             return [None if r is None else 0.0 for r in raw]

@@ -36,12 +36,14 @@ from trl_length_plugin.losses.score_centering_config import (
     ScoreCenteringPlanBase,
     adaptive_ppo_clip_bounds,
     check_clip_keys,
+    check_clip_range,
     check_engine_cap,
     check_is_bounds,
     check_top_k_vocabulary,
     refuse_sequence_ratio,
     sampling_filter_error,
 )
+from trl_length_plugin.shaping.settings import score_centering_settings_line
 from trl_length_plugin.trl_integration import vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
@@ -160,6 +162,9 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
     top_k = config.score_centering_top_k
     _check_token_ratio(args)
     check_clip_keys({"epsilon": args.epsilon, "epsilon_high": args.epsilon_high})
+    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
+        high_key = "epsilon" if args.epsilon_high is None else "epsilon_high"
+        check_clip_range(args.epsilon, getattr(args, high_key), "epsilon", high_key)
     check_engine_cap(
         (args.vllm_engine_kwargs or {}).get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
     )
@@ -284,7 +289,8 @@ class ScoreCenteringMixin:
         self._controller = None
         if plan.mode == "adaptive-ppo-clip":
             self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
-        logger.info("trl-length-plugin: %s (vLLM %s)", plan.summary(), generation.mode)
+        summary = f"{plan.summary()} (vLLM {generation.mode})"
+        logger.info("%s", score_centering_settings_line(self.args.score_centering_config, summary))
 
     # -- generation ---------------------------------------------------------------------------------------
     def _generate(self, prompts):
