@@ -4,6 +4,7 @@ and the legacy trainer's guard (docs/verl.md, "Not supported")."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 import verl
@@ -59,3 +60,13 @@ def refuse_in_legacy_trainer(feature: str, enabled: Callable) -> None:
 
     __init__.plugin_guards = (*guarded, feature)
     ray_trainer.RayPPOTrainer.__init__ = __init__
+
+
+def resumed_checkpoint_folder(trainer_config, global_steps: int) -> str:
+    """The checkpoint folder verl's ``_load_checkpoint`` resumed from: ``trainer.resume_from_path`` in
+    ``resume_path`` mode, else ``default_local_dir/global_step_<n>`` (verl 0.9.1's own layout), absolute."""
+    if trainer_config.resume_mode == "resume_path":
+        folder = trainer_config.resume_from_path
+    else:
+        folder = os.path.join(trainer_config.default_local_dir, f"global_step_{global_steps}")
+    return os.path.abspath(folder)

@@ -41,6 +41,7 @@ from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
 from trl_length_plugin.shaping.settings import shaping_settings_lines
 
+from ._host import resumed_checkpoint_folder
 from .length_advantage import raw_scores
 from .length_config import log_rollouts, shaping_config
 from .length_filter import SHAPED_BUFFERS, with_shaped_filter
@@ -114,12 +115,8 @@ class LengthShapingMixin:
         super()._load_checkpoint()
         if not (self.length_shaping.enabled and self.global_steps):
             return
-        trainer = self.config.trainer
-        if trainer.resume_mode == "resume_path":
-            folder = trainer.resume_from_path
-        else:
-            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
-        said = resume_message(self.length_shaping, self.global_steps, os.path.abspath(folder))
+        folder = resumed_checkpoint_folder(self.config.trainer, self.global_steps)
+        said = resume_message(self.length_shaping, self.global_steps, folder)
         if said is not None:
             (logger.warning if said[0] else logger.info)("trl-length-plugin: %s", said[1])
 

@@ -35,6 +35,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 from trl_length_plugin.losses.adaptive_controller import STATE_FILE, AdaptiveClipController
 from trl_length_plugin.shaping.settings import score_centering_settings_line
 
+from ._host import resumed_checkpoint_folder
 from .score_centering_config import (
     LOSS_MODE,
     check_model_vocabulary,
@@ -134,12 +135,7 @@ class ScoreCenteringMixin:
         super()._load_checkpoint()
         if self.score_centering_controller is None or not self.global_steps:
             return
-        trainer = self.config.trainer
-        if trainer.resume_mode == "resume_path":
-            folder = trainer.resume_from_path
-        else:
-            folder = os.path.join(trainer.default_local_dir, f"global_step_{self.global_steps}")
-        folder = os.path.abspath(folder)
+        folder = resumed_checkpoint_folder(self.config.trainer, self.global_steps)
         if not self.score_centering_controller.load(folder):
             logger.warning(
                 "trl-length-plugin: %s not found; the adaptive-ppo-clip controller restarts from k_init",
