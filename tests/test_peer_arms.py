@@ -33,55 +33,16 @@ def test_dapo_overlong_equals_verls_reward_manager(random_model_dir):
     """verl's own ``DAPORewardManager`` with an overlong buffer, on a real ``DataProto`` of responses of the
     given lengths whose scores are the task's correctness: the reward at each response's last token equals
     correctness + our overlong reward."""
-    torch = pytest.importorskip("torch")
-    np = pytest.importorskip("numpy")
     pytest.importorskip("verl")
-    from omegaconf import OmegaConf
-    from verl.protocol import DataProto
-    from verl.workers.reward_manager.dapo import DAPORewardManager
-
+    from tests.dapo_reference import dapo_manager_rewards
     from trl_length_plugin.embedded import load_tokenizer, score_completion
 
     tokenizer = load_tokenizer(random_model_dir)
     max_len, buffer, factor = 48, 12, 0.7
     lengths = [20, 37, 41, 48]
     texts = [COMPLETIONS[0], COMPLETIONS[1], COMPLETIONS[0], COMPLETIONS[3]]
-    prompt_len = 4
-    responses = torch.full((len(lengths), max_len), tokenizer.pad_token_id)
-    attention = torch.zeros((len(lengths), prompt_len + max_len), dtype=torch.long)
-    attention[:, :prompt_len] = 1
-    for row, (n, text) in enumerate(zip(lengths, texts, strict=True)):
-        encoded = tokenizer.encode(text, add_special_tokens=False)
-        padded = (encoded + [tokenizer.pad_token_id] * max_len)[:n]  # n tokens, the text first
-        responses[row, :n] = torch.tensor(padded)
-        attention[row, prompt_len : prompt_len + n] = 1
-    data = DataProto.from_dict(
-        tensors={
-            "prompts": torch.ones((len(lengths), prompt_len), dtype=torch.long),
-            "responses": responses,
-            "attention_mask": attention,
-        },
-        non_tensors={
-            "reward_model": np.array([{"ground_truth": "7"}] * len(lengths), dtype=object),
-            "data_source": np.array(["embedded"] * len(lengths), dtype=object),
-        },
-    )
     scores = [score_completion(text, "7") for text in texts]
-
-    def compute_score(data_source, solution_str, ground_truth, extra_info):
-        return score_completion(solution_str, ground_truth)
-
-    manager = DAPORewardManager(
-        tokenizer,
-        num_examine=0,
-        compute_score=compute_score,
-        max_resp_len=max_len,
-        overlong_buffer_cfg=OmegaConf.create(
-            {"enable": True, "len": buffer, "penalty_factor": factor, "log": False}
-        ),
-    )
-    rewards = manager(data)
-    theirs = [float(rewards[row, n - 1]) for row, n in enumerate(lengths)]
+    theirs = dapo_manager_rewards(tokenizer, texts, lengths, max_len, buffer, factor)
     ours = peer_arms.dapo_overlong_reward(max_len, buffer, factor)(completion_ids=ids(*lengths))
     assert scores == [1.0, 0.0, 1.0, 0.0]
     assert theirs == pytest.approx([s + o for s, o in zip(scores, ours, strict=True)], abs=1e-6)
