@@ -262,7 +262,7 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
 def with_task(stored: dict, task: demo.Task) -> dict:
     """Stored settings naming their task; the arithmetic task's as before the switch, so its stored runs stay
     valid (they differ from the others' in their training settings too)."""
-    return stored if task is demo.ARITHMETIC else {**stored, "task": task.name}
+    return stored if task is demo.ARITHMETIC else {**stored, "task": task.name, "warm_seed": task.warm_seed}
 
 
 def warm_settings(task: demo.Task = demo.ARITHMETIC) -> dict:
@@ -390,8 +390,8 @@ def run_grid(
 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     records, todo = [], []
-    for arm in arms:
-        for seed in seeds:
+    for seed in seeds:  # seed by seed, so an interrupted grid leaves every arm with the same seeds
+        for arm in arms:
             record = finished(out, arm, seed, steps, task)
             if record is None:
                 todo.append((arm.name, seed))
