@@ -198,8 +198,37 @@ OWN_ARMS = [
     Arm("GSPO", "", {"loss_type": "grpo", "importance_sampling_level": "sequence", **CLIP}),
     Arm("LUSPO", "", {"luspo": True}),
 ]
+
+
+def length_arms(max_len: int) -> list[Arm]:
+    """Our per-rollout length controls that depend on the run's longest completion L (docs/length-shaping.md
+    terms 9-11 and the length schedule): truncated rollouts under a hard budget of 2L/3 tokens (beside the
+    TRL truncation mask peer at the same budget), and a ThinkPrune-like curriculum that shrinks the overlong
+    maximum (buffer L/4) from L to 7L/8 at step 20 and to 3L/4 at step 40. Our overlong and cosine terms are
+    not arms of their own: they give the TRL soft overlong and TRL cosine peers' rewards exactly
+    (tests/test_peer_arms.py), so those peer rows are theirs."""
+    budget = {"max_completion_length": 2 * max_len // 3}
+    overlong = dict(overlong_max_length=3 * max_len // 4, overlong_buffer=max_len // 4)
+    shrink = {
+        "key": "length_penalty.default.overlong_max_length",
+        "stages": [{"until_step": 20, "value": max_len}, {"until_step": 40, "value": 7 * max_len // 8}],
+    }
+    return [
+        Arm("truncation incorrect", "budget 2L/3", {**budget, **penalty(truncation="incorrect")}),
+        Arm(
+            "truncation penalty",
+            "0.5, budget 2L/3",
+            {**budget, **penalty(truncation="penalty", truncation_penalty_factor=0.5)},
+        ),
+        Arm("overlong curriculum", "L to 3L/4", {**penalty(**overlong), "length_schedule": [shrink]}),
+    ]
+
+
 #: every arm of the grid on each task: ours, then the peers at the task's maximum length
-TASK_ARMS = {name: [*OWN_ARMS, *peer_arms(task.max_length)] for name, task in demo.TASKS.items()}
+TASK_ARMS = {
+    name: [*OWN_ARMS, *length_arms(task.max_length), *peer_arms(task.max_length)]
+    for name, task in demo.TASKS.items()
+}
 ARMS = TASK_ARMS[demo.ARITHMETIC.name]
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
 PLAIN = ARMS[0].name

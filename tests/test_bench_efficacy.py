@@ -286,11 +286,15 @@ def test_every_arm_of_each_task_builds_a_valid_config_at_its_length(task, tmp_pa
             **{**task.training, **CPU_RUN_ARGS, "reward_weights": weights, **arm.keys},
         )
         assert len(weights) == 1 + len(functions)
-        if arm.name == "TRL truncation mask budget 2L/3":
+        if "budget 2L/3" in arm.name:
             assert config.max_completion_length == 2 * task.max_length // 3
         else:
             assert config.max_completion_length == task.max_length
         assert config.shuffle_dataset == (task is demo.ARITHMETIC)
+    curriculum = bench.arms_by_name(task)["overlong curriculum L to 3L/4"].keys
+    (shrink,) = curriculum["length_schedule"]
+    assert [stage["value"] for stage in shrink["stages"]] == [task.max_length, 7 * task.max_length // 8]
+    assert curriculum["length_penalty"]["default"]["overlong_max_length"] == 3 * task.max_length // 4
     (overlong,) = bench.peer_rewards(bench.arms_by_name(task)["TRL soft overlong buffer L/2"], task)[0]
     assert (overlong.max_completion_len, overlong.soft_punish_cache) == (
         task.max_length,
