@@ -217,7 +217,7 @@ def length_arms(max_len: int) -> list[Arm]:
         Arm("truncation incorrect", "budget 2L/3", {**budget, **penalty(truncation="incorrect")}),
         Arm(
             "truncation penalty",
-            "0.5, budget 2L/3",
+            "0.5 budget 2L/3",
             {**budget, **penalty(truncation="penalty", truncation_penalty_factor=0.5)},
         ),
         Arm("overlong curriculum", "L to 3L/4", {**penalty(**overlong), "length_schedule": [shrink]}),
