@@ -3,6 +3,7 @@ summary, and that the demo trains the best trade-off docs/efficacy.md names."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -132,10 +133,24 @@ def test_summary_changes_are_per_seed_and_the_best_trade_off_keeps_accuracy():
     assert "| group-relative 1.0 | 13.7 ± 0.9 | -35.0 ± 0.0% | 34.5 ± 6.4 | -0.5 ± 0.7 |" in tables
 
 
-def test_demo_trains_the_best_trade_off_named_in_docs():
-    assert bench.ARMS_BY_NAME[demo.BEST_NAME].keys == demo.BEST
+@pytest.mark.parametrize("task", list(demo.TASKS.values()), ids=lambda task: task.name)
+def test_demo_trains_each_tasks_best_trade_off_and_prints_the_grids_rows(task):
+    """The demo's best arm (of ours) and best peer of each task are those the committed grid summary gives by
+    the best-trade-off rule, and the demo finds their seed-0 rows (with plain GRPO's) in that summary."""
+    assert bench.arms_by_name(task)[task.best_name].keys == task.best_keys
+    stored = json.loads((REPO / "docs" / task.grid_summary).read_text())
+    names = {r["arm"] for r in stored["runs"]}
+    arms = [arm for arm in bench.TASK_ARMS[task.name] if arm.name in names]
+    rows = bench.summarize(stored["runs"], arms)
+    ours = [r for r in rows if not bench.is_peer(r["arm"])]
+    assert bench.best_trade_off(ours)["arm"].name == task.best_name
+    assert bench.best_trade_off([r for r in rows if bench.is_peer(r["arm"])])["arm"].name == task.best_peer
+    grid = demo.grid_rows(task, 0, demo.STEPS)
+    assert list(grid) == [demo.PLAIN_NAME, task.best_name, task.best_peer]
+    assert all(record["seed"] == 0 and {"train", "eval"} <= set(record) for record in grid.values())
+    assert demo.grid_rows(task, 0, demo.STEPS + 1) == {}
     text = (REPO / "docs" / "efficacy.md").read_text()
-    assert f"Best trade-off: **{demo.BEST_NAME}**" in text
+    assert f"**{task.best_name}**" in text and task.best_peer in text
 
 
 def test_peer_arms_add_their_reward_functions_with_the_runs_settings():
@@ -377,11 +392,11 @@ def test_held_out_figures_read_the_reasoning_levels_with_step_report():
 
 
 def test_demo_parses_its_task():
-    args = demo.parse_args(["--task", "reasoning", "--steps", "5"])
-    assert (args.task, args.steps, args.output_dir) == ("reasoning", 5, "outputs/demo-reasoning")
+    args = demo.parse_args(["--task", "arithmetic", "--steps", "5"])
+    assert (args.task, args.steps, args.output_dir) == ("arithmetic", 5, "outputs/demo-arithmetic")
     args = demo.parse_args([])
-    assert (args.task, args.steps, args.output_dir) == ("arithmetic", demo.STEPS, "outputs/demo")
-    assert demo.parse_args(["--task", "reasoning", "--output-dir", "x"]).output_dir == "x"
+    assert (args.task, args.steps, args.output_dir) == ("reasoning", demo.STEPS, "outputs/demo")
+    assert demo.parse_args(["--task", "arithmetic", "--output-dir", "x"]).output_dir == "x"
     with pytest.raises(SystemExit):
         demo.parse_args(["--task", "chess"])
 

@@ -1,16 +1,19 @@
-"""The demo: GRPO with TRL on the embedded model and task, plain and with the best length control of
-docs/efficacy.md.
+"""The demo: GRPO with TRL on the embedded reasoning task (or ``--task arithmetic``) with the best length
+control of docs/efficacy.md.
 
-Each run prints a compact table under a progress bar, then both trained models answer the held-out
-problems; the summary gives the length and accuracy change, and a PNG compares the curves.
+The run prints a compact table under a progress bar, then the trained model answers the held-out problems;
+its row is printed beside the stored grid rows of the same seed (plain GRPO, the same arm, and the best peer
+arm: TRL's or verl's own length tools), from the summary committed beside docs/efficacy.md, and a PNG shows
+the curves.
 
-Run with ``make demo`` (or ``python -m trl_length_plugin.demo [--task reasoning]``). No Hub access is
+Run with ``make demo`` (or ``python -m trl_length_plugin.demo [--task arithmetic]``). No Hub access is
 needed. ``bench/bench_efficacy.py`` trains every arm of docs/efficacy.md with the same settings and functions.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -39,9 +42,7 @@ STEPS = 60
 HELD_OUT_DRAW, HELD_OUT_SEED = 64, 10_000
 #: completions sampled per held-out problem at the training temperature
 EVAL_SAMPLES = 64
-#: the best trade-off of docs/efficacy.md (bench/bench_efficacy.py names and keys it the same way)
-BEST_NAME = "group-relative 1.0"
-BEST = dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}})
+PLAIN_NAME = "plain GRPO"
 #: the reasoning task's GRPO settings: ``TRAINING`` with room for its longest warm-start targets (57 tokens,
 #: docs/embedded.md) and batches in the dataset's order, so every step holds one problem of each level
 REASONING_TRAINING = {**TRAINING, "max_completion_length": 64, "shuffle_dataset": False}
@@ -54,12 +55,18 @@ class Task:
     """An embedded task to train on: the warm model of ``name`` (``embedded_model_dir(task=name)``), its
     GRPO ``training`` settings, its ``held_out`` problems and its ``training_set(seed)``. Both tasks score
     with ``correctness_reward`` (docs/embedded.md). ``warm_seed``: the one warm model every seed's run starts
-    from (its seed), or None for a warm model per seed."""
+    from (its seed), or None for a warm model per seed. The task's best trade-off of docs/efficacy.md
+    (``best_name``, ``best_keys``: bench/bench_efficacy.py names and keys it the same way), its best peer arm
+    and the grid summary committed beside the doc, from which the demo prints their rows."""
 
     name: str
     training: dict
     held_out: Callable[[], object]
     training_set: Callable[[int], object]
+    best_name: str
+    best_keys: dict
+    best_peer: str
+    grid_summary: str
     warm_seed: int | None = None
 
     @property
@@ -75,7 +82,7 @@ class Task:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=list(TASKS), default=ARITHMETIC.name, help="the embedded task")
+    parser.add_argument("--task", choices=list(TASKS), default=DEFAULT_TASK.name, help="the embedded task")
     parser.add_argument("--steps", type=int, default=STEPS, help="GRPO optimizer steps")
     parser.add_argument(
         "--output-dir",
@@ -84,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    default_dir = "outputs/demo" if args.task == ARITHMETIC.name else f"outputs/demo-{args.task}"
+    default_dir = "outputs/demo" if args.task == DEFAULT_TASK.name else f"outputs/demo-{args.task}"
     args.output_dir = args.output_dir or default_dir
     return args
 
@@ -121,12 +128,31 @@ def reasoning_training_dataset(seed: int):
     return reasoning.training_dataset(seed, size=REASONING_TRAINING_SIZE)
 
 
-ARITHMETIC = Task("arithmetic", TRAINING, held_out_dataset, training_dataset)
+ARITHMETIC = Task(
+    "arithmetic",
+    TRAINING,
+    held_out_dataset,
+    training_dataset,
+    best_name="group-relative 1.0",
+    best_keys=dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}}),
+    best_peer="per-token penalty 0.01",
+    grid_summary="efficacy_peers_runs.json",
+)
 #: the reasoning task's warm model costs about 9 min of CPU to build, so every seed starts from seed 0's; a
 #: seed still draws its own training problems and samples (docs/efficacy.md, "Setup")
 REASONING = Task(
-    "reasoning", REASONING_TRAINING, reasoning.held_out_dataset, reasoning_training_dataset, warm_seed=0
+    "reasoning",
+    REASONING_TRAINING,
+    reasoning.held_out_dataset,
+    reasoning_training_dataset,
+    best_name="group-relative 1.0",
+    best_keys=dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}}),
+    best_peer="TRL cosine",
+    grid_summary="efficacy_reasoning_runs.json",
+    warm_seed=0,
 )
+#: the task ``make demo`` and the comparison of docs/efficacy.md use
+DEFAULT_TASK = REASONING
 TASKS = {task.name: task for task in (ARITHMETIC, REASONING)}
 
 
@@ -296,6 +322,34 @@ def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
     return sum(values) / len(values)
 
 
+def grid_rows(task: Task, seed: int, steps: int) -> dict[str, dict]:
+    """The stored grid runs (docs/efficacy.md's committed summary of ``task``) of plain GRPO, the task's best
+    arm and best peer arm at ``seed`` and ``steps``: arm name -> record with ``train`` and ``eval``; empty
+    where the summary lacks them."""
+    path = Path(__file__).resolve().parent / "docs" / task.grid_summary
+    if not path.exists():
+        return {}
+    wanted = (PLAIN_NAME, task.best_name, task.best_peer)
+    runs = json.loads(path.read_text())["runs"]
+    found = {r["arm"]: r for r in runs if r["seed"] == seed and r["settings"]["steps"] == steps}
+    return {name: found[name] for name in wanted if name in found}
+
+
+def print_row(label: str, train: dict | None, held_out: dict) -> None:
+    train_cells = f"{train['length']:>9.2f} {train['accuracy']:>9.3f}" if train else f"{'':>9} {'':>9}"
+    print(f"[demo] {label:<48} {train_cells} {held_out['length']:>9.2f} {held_out['accuracy']:>9.3f}")
+    for level in held_out.get("levels", []):
+        print(
+            f"[demo] {'  level ' + str(level['level']) + ' (' + str(level['samples']) + ' samples)':<48} "
+            f"{'':>9} {'':>9} {level['length']:>9.2f} {level['accuracy']:>9.3f}   skipping "
+            f"{100 * level['skipped']:.1f}%, {level['redundant']:.2f} redundant clauses"
+        )
+
+
+def versus(a: dict, b: dict) -> str:
+    return f"length {100 * (a['length'] / b['length'] - 1):+.1f}%, accuracy {100 * (a['accuracy'] - b['accuracy']):+.1f} points"
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     import torch
@@ -308,43 +362,41 @@ def main(argv: list[str] | None = None) -> Path:
     started = time.perf_counter()
     print(f"[demo] preparing the embedded {task.name} model (built once, then cached)")
     task.model_dir(args.seed)
-    arms = {"plain GRPO": {}, BEST_NAME: BEST}
-    runs = {}
-    for name, keys in arms.items():
-        print(f"\n[demo] {name}: {args.steps} steps, 4 prompts x 8 completions per step {keys or ''}")
-        output_dir = Path(args.output_dir) / ("plain" if not keys else "best")
-        runs[name] = train_and_evaluate(
-            keys, args.seed, args.steps, output_dir, callbacks=[make_table_callback(args.steps)], task=task
-        )
-    plain = runs["plain GRPO"]
     print(
-        f"\n[demo] {'':<40} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
+        f"\n[demo] {task.best_name}: {args.steps} steps, 4 prompts x 8 completions per step {task.best_keys}"
+    )
+    run = train_and_evaluate(
+        task.best_keys,
+        args.seed,
+        args.steps,
+        Path(args.output_dir) / "best",
+        callbacks=[make_table_callback(args.steps)],
+        task=task,
+    )
+    history = run["history"]
+    print(
+        f"\n[demo] {'':<48} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
         f"   (train: last 10 steps; eval: {len(task.held_out())} held-out problems x {EVAL_SAMPLES})"
     )
-    for name, run in runs.items():
-        print(
-            f"[demo] {name:<40} {tail_mean(run['history'], LENGTH_KEY):>9.2f} "
-            f"{tail_mean(run['history'], ACCURACY_KEY):>9.3f} {run['eval']['length']:>9.2f} "
-            f"{run['eval']['accuracy']:>9.3f}"
-        )
-        for level in run["eval"].get("levels", []):
-            label = f"  level {level['level']} ({level['samples']} samples)"
-            print(
-                f"[demo] {label:<40} {'':>9} {'':>9} {level['length']:>9.2f} {level['accuracy']:>9.3f}   skipping "
-                f"{100 * level['skipped']:.1f}%, {level['redundant']:.2f} redundant clauses"
-            )
-    best = runs[BEST_NAME]["eval"]
+    train = dict(length=tail_mean(history, LENGTH_KEY), accuracy=tail_mean(history, ACCURACY_KEY))
+    print_row(f"this run: {task.best_name}", train, run["eval"])
+    grid = grid_rows(task, args.seed, args.steps)
+    for name, record in grid.items():
+        role = " (best peer arm)" if name == task.best_peer else ""
+        print_row(f"grid, seed {args.seed}: {name}{role}", record["train"], record["eval"])
+    if PLAIN_NAME in grid:
+        print(f"[demo] this run vs the grid's plain GRPO: {versus(run['eval'], grid[PLAIN_NAME]['eval'])}")
+    if task.best_peer in grid:
+        print(f"[demo] this run vs the best peer arm: {versus(run['eval'], grid[task.best_peer]['eval'])}")
     print(
-        f"[demo] {BEST_NAME} vs plain GRPO, held out: length "
-        f"{100 * (best['length'] / plain['eval']['length'] - 1):+.1f}%, accuracy "
-        f"{100 * (best['accuracy'] - plain['eval']['accuracy']):+.1f} points (seed {args.seed}, {task.name} task; "
-        "means and intervals over seeds: docs/efficacy.md)"
+        f"[demo] seed {args.seed}, {task.name} task; means and intervals over seeds: docs/efficacy.md"
+        + ("" if grid else f" (no stored grid run of seed {args.seed} at {args.steps} steps to compare with)")
     )
     png = plot_training_curves(
         [],
         Path(args.output_dir) / "curves.png",
-        title=f"embedded {task.name} task, same seed",
-        runs={name: run["history"] for name, run in runs.items()},
+        title=f"embedded {task.name} task, seed {args.seed}",
+        runs={task.best_name: history},
     )
     print(f"[demo] curves written to {png}  ({time.perf_counter() - started:.0f} s in all)")
     return png
