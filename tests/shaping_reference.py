@@ -232,7 +232,7 @@ def reference_penalties(
     read_profiles = any(p["profiled_length_penalty"] for p in params_of.values())
     read_targets = any(p["target_length"] != "none" for p in params_of.values())
     processed_rows, skipped_rows, invalid_rows = set(), set(), set()  # skipped: non-binary, not missing
-    target_rows = {"scope": [], "errors": [], "within": []}  # §2.20 metrics
+    target_rows = {"scope": [], "ratios": [], "errors": [], "within": []}  # §2.20 metrics
     info = {}
     for key, rows in groups.items():
         p = params_of[agent_of[key]]
@@ -264,7 +264,9 @@ def reference_penalties(
             target_rows["scope"] += [target is not None] * n
             for k in range(n):
                 if target is not None:
-                    error = abs(lengths[p["target_length_channel"]][k] - target) / target
+                    n_k = lengths[p["target_length_channel"]][k]
+                    error = abs(n_k - target) / target
+                    target_rows["ratios"].append(n_k / target)
                     target_rows["errors"].append(error)
                     target_rows["within"].append(error <= p["target_length_tolerance"])
         pos = [k for k in range(n) if r[k] > 0]
@@ -427,6 +429,8 @@ def reference_penalties(
         scope, errors, within = target_rows["scope"], target_rows["errors"], target_rows["within"]
         metrics["length_penalty/target_frac"] = sum(scope) / len(scope) if scope else math.nan
         metrics["length_penalty/target_rel_error_mean"] = sum(errors) / len(errors) if errors else math.nan
+        ratios = target_rows["ratios"]
+        metrics["length_penalty/target_ratio_mean"] = sum(ratios) / len(ratios) if ratios else math.nan
         metrics["length_penalty/target_within_tolerance_frac"] = (
             sum(within) / len(within) if within else math.nan
         )

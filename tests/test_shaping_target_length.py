@@ -37,6 +37,7 @@ def test_exact_hand_values():
     metrics = result.metrics
     assert metrics["length_penalty/target_frac"] == 1.0
     assert metrics["length_penalty/target_rel_error_mean"] == pytest.approx((1 / 6 + 2 / 3 + 1 / 4 + 0) / 4)
+    assert metrics["length_penalty/target_ratio_mean"] == pytest.approx((100 + 200 + 150 + 120) / 120 / 4)
     assert metrics["length_penalty/target_within_tolerance_frac"] == 0.25  # only n = t within 10 %
     assert metrics["length_penalty/target_delta_mean"] == pytest.approx((-0.02 - 0.08 - 0.03) / 4)
 

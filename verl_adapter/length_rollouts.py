@@ -37,7 +37,7 @@ from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.records import GroupRecord
 
 #: per-prompt metadata keys (reference §2.14)
-METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
+METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 _HASH_BASES = (1_000_003, 998_244_353)
 
 

@@ -26,14 +26,15 @@ EXACT, MAX = TARGET_LENGTH_MODES.index("exact"), TARGET_LENGTH_MODES.index("max"
 
 def target_metrics(view: GroupView, target: torch.Tensor, length: torch.Tensor) -> dict[str, torch.Tensor]:
     """``[width, Gb]`` per-row values of the §2.20 metrics: over the rows of shaped groups of agents with the
-    term on, whether the prompt has a target; over those with one, ``|n - t| / t`` and whether it is within
-    ``target_length_tolerance``."""
+    term on, whether the prompt has a target; over those with one, ``n / t``, ``|n - t| / t`` and whether
+    the latter is within ``target_length_tolerance``."""
     scope = view.processed & (view.p("target_length") > 0)
     aimed = scope & ~target.isnan()
     error = (length - target).abs_().div_(target)
     nan = torch.tensor(math.nan, dtype=torch.float64)
     return {
         "metric:target_frac": torch.where(scope, aimed.double(), nan),
+        "metric:target_ratio_mean": torch.where(aimed, length / target, nan),
         "metric:target_rel_error_mean": torch.where(aimed, error, nan),
         "metric:target_within_tolerance_frac": torch.where(
             aimed, (error <= view.p("target_length_tolerance")).double(), nan
