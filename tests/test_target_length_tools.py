@@ -161,3 +161,26 @@ def test_preview_shows_targets_against_lengths(tmp_path, capsys):
     assert "4 of 6 rollouts have a target" in line and "min 0.125" in line and "max 1.500" in line
     assert line.endswith("within tolerance 1")
     assert "target_length" in stdout  # the groups touched
+
+
+def test_profile_writes_the_targets_into_the_prompts(tmp_path, capsys):
+    """``--targets 0.5 --target-prompt``: prompt 0's passing totals 4, 6, 8 give 6, written into its last user
+    message; the prompts without enough passing rollouts keep their text (the embedded task's first rows)."""
+    import datasets
+
+    from tests.test_offline_profile import write_jsonl
+    from trl_length_plugin.embedded import make_task_dataset
+
+    prompts = make_task_dataset(3, seed=0)
+    rows = [{"prompt_id": 0, "reasoning_tokens": n, "answer_tokens": 1, "reward": 1} for n in (3, 5, 7)]
+    rollouts, out = write_jsonl(tmp_path / "rollouts.jsonl", rows), tmp_path / "prompts"
+    flags = ["--prompts", "embedded", "--dataset-size", "3", "--min-passing", "3", "--targets", "0.5"]
+    status, stdout, _ = profile(capsys, rollouts, "-o", out, *flags, "--target-prompt")
+    assert status == 0 and "1 with a target" in stdout
+    written = datasets.load_from_disk(str(out))
+    assert written["target_length"] == [6, None, None]
+    asked = [p[-1]["content"] for p in written["prompt"]]
+    original = [p[-1]["content"] for p in prompts["prompt"]]
+    assert asked == [f"{original[0]} Think for 6 tokens.", *original[1:]]
+    status, _, err = profile(capsys, rollouts, "-o", tmp_path / "x", *flags[:-2], "--target-prompt")
+    assert status == 2 and "--target-prompt needs --targets and a TEMPLATE with {n}" in err

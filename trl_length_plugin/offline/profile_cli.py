@@ -26,6 +26,7 @@ from trl_length_plugin.offline.tables import (
     resolve_tokenizer,
 )
 from trl_length_plugin.shaping.config import DEFAULT_REASONING_TAGS, load_shaping_config
+from trl_length_plugin.shaping.targets import DEFAULT_TEMPLATE
 
 PROG = "trl-length profile"
 
@@ -81,6 +82,14 @@ def make_parser() -> Parser:
         help="also write target_length: the Q quantile of each prompt's passing CHANNEL lengths (default "
         "channel total), rounded to an integer; none below --min-passing passing rollouts",
     )
+    parser.add_argument(
+        "--target-prompt",
+        nargs="?",
+        const=DEFAULT_TEMPLATE,
+        metavar="TEMPLATE",
+        help=f"with --targets: also ask for the target in each prompt, TEMPLATE ({{n}}: the target; default "
+        f"{DEFAULT_TEMPLATE!r}) appended to the last user message",
+    )
     generate = parser.add_argument_group("generating the rollouts first")
     generate.add_argument(
         "--generate",
@@ -103,6 +112,8 @@ def check_flags(args) -> None:
     """The numeric flags and --generate's own, before anything is read or loaded."""
     if args.min_passing < 1:
         raise CommandError("--min-passing must be >= 1")
+    if args.target_prompt is not None and (args.targets is None or "{n}" not in args.target_prompt):
+        raise CommandError("--target-prompt needs --targets and a TEMPLATE with {n}")
     if args.prompts == EMBEDDED and args.dataset_size < 1:
         raise CommandError("--dataset-size must be >= 1")
     if not args.generate:
@@ -199,6 +210,18 @@ def read_profiles(args, tokenizer, allowed: set[str] | None):
     return reader, builder, carried
 
 
+def with_target_prompts(dataset, template: str):
+    """The prompts asking for their targets (``add_target_lengths``, reference §2.20)."""
+    from trl_length_plugin.shaping.targets import add_target_lengths
+
+    if "prompt" not in dataset.column_names:
+        raise CommandError("--target-prompt needs a prompt column (in --prompts or the rollouts)")
+    try:
+        return add_target_lengths(dataset, template=template)
+    except ValueError as err:
+        raise CommandError(f"--target-prompt: {err}") from None
+
+
 def output_dataset(profiles: Profiles, prompts, carried: dict):
     """The prompt dataset with the three columns, and ``target_length`` when built (null where no rollout
     names a prompt; a column of the same name in the prompts is replaced), and how many of its rows have a
@@ -267,6 +290,8 @@ def profile(args) -> None:
     reader, builder, carried = read_profiles(args, tokenizer, allowed)
     profiles = builder.build(rules, args.min_passing, target)
     written = output_dataset(profiles, prompts, carried)
+    if args.target_prompt is not None:
+        written = (with_target_prompts(written[0], args.target_prompt), *written[1:])
     write_dataset(written[0], output)
     print(summary(args, reader, builder, profiles, rules, written))
 
