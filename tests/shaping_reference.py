@@ -146,6 +146,21 @@ def read_metadata(meta, config, read_bands=True, read_profiles=True):
     return bands, passing, invalid
 
 
+def read_target(meta):
+    """Reference §2.20: (target length or None, malformed)."""
+    if meta is None:
+        return None, False
+    if not isinstance(meta, Mapping):
+        return None, True
+    value = meta.get("target_length")
+    if value is None:
+        return None, False
+    number = as_length(value)
+    if number is None or number <= 0:
+        return None, True
+    return number, False
+
+
 def band_multiplier(length, band):
     a, b, f = band
     if length <= a:
@@ -155,8 +170,9 @@ def band_multiplier(length, band):
     return 1 - (length - a) / (b - a) * (1 - f)
 
 
-def rollout_reward(p, correct, lengths, truncated):
-    """Reference §2.17-2.19: (rollout reward, {term: value}) of one rollout of correctness ``correct``."""
+def rollout_reward(p, correct, lengths, truncated, target=None):
+    """Reference §2.17-2.20: (rollout reward, {term: value}) of one rollout of correctness ``correct``
+    (``target``: its prompt's target length, or None)."""
     value, terms = correct, {}
     if p["cosine_max_length"]:
         t = min(lengths[p["cosine_channel"]] / p["cosine_max_length"], 1.0)
@@ -171,6 +187,16 @@ def rollout_reward(p, correct, lengths, truncated):
         excess = (lengths[p["overlong_channel"]] - start) / p["overlong_buffer"]
         terms["overlong"] = -p["overlong_factor"] * min(max(excess, 0.0), 1.0)
         value += terms["overlong"]
+    if p["target_length"] != "none" and target is not None:
+        n, alpha = lengths[p["target_length_channel"]], p["target_length_alpha"]
+        if p["target_length"] == "exact":
+            terms["target_length"] = -alpha * abs(n - target)
+        elif correct > 0:
+            budget = min(max(alpha * (target - n) + p["target_length_delta"], 0.0), 1.0)
+            terms["target_length"] = max(value, 0.0) * (budget - 1.0)
+        else:
+            terms["target_length"] = 0.0
+        value += terms["target_length"]
     if p["truncation"] == "penalty" and truncated:
         terms["truncation"] = max(value, 0.0) * (p["truncation_penalty_factor"] - 1.0)
         value += terms["truncation"]
@@ -204,7 +230,9 @@ def reference_penalties(
         for p in params_of.values()
     )
     read_profiles = any(p["profiled_length_penalty"] for p in params_of.values())
+    read_targets = any(p["target_length"] != "none" for p in params_of.values())
     processed_rows, skipped_rows, invalid_rows = set(), set(), set()  # skipped: non-binary, not missing
+    target_rows = {"scope": [], "ratios": [], "errors": [], "within": []}  # §2.20 metrics
     info = {}
     for key, rows in groups.items():
         p = params_of[agent_of[key]]
@@ -229,16 +257,32 @@ def reference_penalties(
         }
         meta = metadata[rows[0]] if metadata is not None else None
         bands, passing, invalid = read_metadata(meta, config, read_bands, read_profiles)
-        if invalid:
+        target, bad_target = read_target(meta) if read_targets else (None, False)
+        if invalid or bad_target:
             invalid_rows.update(rows)
+        if p["target_length"] != "none":
+            target_rows["scope"] += [target is not None] * n
+            for k in range(n):
+                if target is not None:
+                    n_k = lengths[p["target_length_channel"]][k]
+                    error = abs(n_k - target) / target
+                    target_rows["ratios"].append(n_k / target)
+                    target_rows["errors"].append(error)
+                    target_rows["within"].append(error <= p["target_length_tolerance"])
         pos = [k for k in range(n) if r[k] > 0]
         correct = list(r)  # positive means the correctness; the group terms read the rollout reward
-        rollout_on = bool(p["cosine_max_length"] or p["overlong_max_length"] or p["truncation"] == "penalty")
+        rollout_on = bool(
+            p["cosine_max_length"]
+            or p["overlong_max_length"]
+            or p["truncation"] == "penalty"
+            or p["target_length"] != "none"
+        )
         rollout_terms = defaultdict(lambda n=n: [0.0] * n)
         if rollout_on:
             for k, row in enumerate(rows):
                 flag = truncated is not None and bool(truncated[row])
-                r[k], parts = rollout_reward(p, correct[k], {c: lengths[c][k] for c in CHANNELS}, flag)
+                lengths_k = {c: lengths[c][k] for c in CHANNELS}
+                r[k], parts = rollout_reward(p, correct[k], lengths_k, flag, target)
                 for name, value in parts.items():
                     rollout_terms[name][k] = value
 
@@ -377,6 +421,19 @@ def reference_penalties(
             metrics[f"length_penalty/{metric}"] = sum(values) / n
             if name == "overlong":
                 metrics["length_penalty/overlong_frac"] = sum(1 for v in values if v < 0) / n
+    if read_targets:
+        values = [
+            v for i in info.values() if "rollout_terms" in i for v in i["rollout_terms"]["target_length"]
+        ]
+        metrics["length_penalty/target_delta_mean"] = sum(values) / n
+        scope, errors, within = target_rows["scope"], target_rows["errors"], target_rows["within"]
+        metrics["length_penalty/target_frac"] = sum(scope) / len(scope) if scope else math.nan
+        metrics["length_penalty/target_rel_error_mean"] = sum(errors) / len(errors) if errors else math.nan
+        ratios = target_rows["ratios"]
+        metrics["length_penalty/target_ratio_mean"] = sum(ratios) / len(ratios) if ratios else math.nan
+        metrics["length_penalty/target_within_tolerance_frac"] = (
+            sum(within) / len(within) if within else math.nan
+        )
     return shaped, metrics, info
 
 

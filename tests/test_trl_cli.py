@@ -331,7 +331,8 @@ def test_plugin_logs_at_info_and_the_hosts_at_warning_unless_log_level_is_writte
 @pytest.mark.parametrize("name", list(trl_recipes()))
 def test_every_recipe_parses_by_name(name, tmp_path):
     cpu = ["--bf16", "false", "--use_cpu", "true"]  # the GPU recipes ask for bf16, which this machine lacks
-    if name == "profiled_cpu":  # its dataset is trl-length profile's output (test_offline_safety.py)
+    profiled = ("profiled_cpu", "target_length_cpu")  # trl-length profile's outputs (test_offline_safety)
+    if name in profiled:
         cpu += ["--dataset_name", str(tmp_path)]
     parsed = cli.parse_args([f"--config=recipe:{name}", "--output_dir", str(tmp_path), *cpu])
     script_args, training_args = parsed[0], parsed[1]

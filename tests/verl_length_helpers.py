@@ -36,7 +36,7 @@ from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict  # noqa: E402
 
 CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
-METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
+METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 
 
 def compose_verl(overrides: list[str]):

@@ -65,12 +65,6 @@ def shaping_config(config: DictConfig) -> LengthShapingConfig:
         shaping = load_shaping_config({key: _plain(config[key]) for key in VERL_KEYS if key in config})
     except LengthConfigError as err:
         raise ValueError(f"invalid length shaping config: {err}") from None
-    block = shaping.penalties
-    if block is not None and "mask" in block.truncation_modes:
-        raise ValueError(
-            "length_penalty.truncation: 'mask' is not supported on verl yet (it needs the response mask); "
-            "use 'penalty' or 'incorrect' (docs/reference/length-penalties.md §2.19)"
-        )
     check_algorithm(shaping, config.algorithm, config.actor_rollout_ref.rollout.n)
     return shaping
 

@@ -37,7 +37,7 @@ from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.records import GroupRecord
 
 #: per-prompt metadata keys (reference §2.14)
-METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
+METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 _HASH_BASES = (1_000_003, 998_244_353)
 
 
@@ -89,13 +89,14 @@ def check_single_output_sessions(keys: Sequence[str]) -> None:
 @dataclass
 class ShapedRows:
     """Shaping results by TransferQueue key: raw and shaped sequence scores (float64), the rows the
-    coefficient skipped (``host_rows``), per-row metrics, and what the logs need (verbose group records, the
-    §3.4 records)."""
+    coefficient skipped (``host_rows``), the rows whose tokens stay in the loss (``loss_keep``, ``truncation:
+    mask``, §2.19), per-row metrics, and what the logs need (verbose group records, the §3.4 records)."""
 
     keys: list[str]
     raw: torch.Tensor
     shaped: torch.Tensor
     host_rows: torch.Tensor
+    loss_keep: torch.Tensor
     row_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
     records: list[GroupRecord] = field(default_factory=list)
     lines: list[dict] = field(default_factory=list)
@@ -114,6 +115,7 @@ class ShapedRows:
             self.raw[index],
             self.shaped[index],
             self.host_rows[index],
+            self.loss_keep[index],
             {name: values[index] for name, values in self.row_metrics.items()},
             [record for record in self.records if str(record.group) in uids],
             [self.lines[i] for i in index.tolist()] if self.lines else [],
@@ -129,6 +131,7 @@ class ShapedRows:
             torch.cat([part.raw for part in parts]),
             torch.cat([part.shaped for part in parts]),
             torch.cat([part.host_rows for part in parts]),
+            torch.cat([part.loss_keep for part in parts]),
             metrics,
             [record for part in parts for record in part.records],
             [line for part in parts for line in part.lines],
@@ -191,8 +194,9 @@ class RolloutShaper:
         records = result.penalties.groups if result.penalties is not None else []
         for record in records:
             record.group = uids[record.rows[0]]
+        keep = torch.ones_like(raw, dtype=torch.bool) if result.loss_keep is None else result.loss_keep
         return ShapedRows(
-            list(keys), raw, result.rewards, result.host_rows, result.row_metrics, records, lines
+            list(keys), raw, result.rewards, result.host_rows, keep, result.row_metrics, records, lines
         )
 
     def _penalty_inputs(

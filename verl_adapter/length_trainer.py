@@ -13,7 +13,10 @@ trainer gets the same behaviour by listing :class:`LengthShapingMixin` first amo
   when the filter saw them finish, else now), writes the shaped scores as ``rm_scores``, lets verl compute
   advantages (with rollout correction and the KL penalty as configured), then puts the raw ``rm_scores``
   back and stores the shaped ones as ``token_level_rewards``: verl's ``critic/score/*`` keep reporting the
-  raw reward and ``critic/rewards/*`` the shaped one. The metrics join verl's metrics dict; the verbose
+  raw reward and ``critic/rewards/*`` the shaped one. Under ``truncation: mask`` it first zeroes the
+  ``response_mask`` (as verl's own rejection sampling does) and the ``loss_mask`` of truncated rollouts, so
+  they get zero advantages and leave the actor's loss and its token count (TRL's
+  ``mask_truncated_completions``, docs/reference/length-penalties.md §2.19). The metrics join verl's metrics dict; the verbose
   records and the ``Length penalty:`` lines (docs/reference/length-coefficient.md §3.4) are logged here, in
   the single-controller process only.
 - ``_build_replay_buffer`` gives verl's replay buffer the shaped group filter when
@@ -72,6 +75,19 @@ def scores_at_last_token(
     table[rows] = 0
     table[rows, last] = shaped[rows].to(table.dtype)
     return table
+
+
+def masked_rows(batch: KVBatchMeta, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch's ``response_mask`` and ``loss_mask`` (verl's token count of the actor's loss) with the rows
+    ``keep`` leaves out zeroed (``truncation: mask``, docs/reference/length-penalties.md §2.19)."""
+    names = ["response_mask", "loss_mask"]
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=names)
+    present = set(data.keys())  # a TensorDict refuses ``key in td``
+    out = {}
+    for name in (name for name in names if name in present):
+        table = padded(data[name])
+        out[name] = response_to_nested(table * keep.unsqueeze(1).to(table.dtype), data[name])
+    return out
 
 
 class LengthShapingMixin:
@@ -143,7 +159,12 @@ class LengthShapingMixin:
         nested = response_to_nested(
             scores_at_last_token(data["rm_scores"], shaped, changed), data["response_mask"]
         )
-        self._put(batch, rm_scores=nested)
+        masked = {}
+        if not bool(rows.loss_keep.all()):  # truncation: mask (§2.19)
+            keep = torch.ones_like(raw, dtype=torch.bool)
+            keep[index] = rows.loss_keep
+            masked = masked_rows(batch, keep)
+        self._put(batch, rm_scores=nested, **masked)
         with raw_scores(raw, host_rows):
             batch = super()._compute_advantage(batch, metrics)
         restored = {"rm_scores": data["rm_scores"]}

@@ -241,6 +241,23 @@ def _counts(counter: Counter) -> str:
     )
 
 
+def target_lines(row_metrics: dict[str, torch.Tensor], rows: torch.Tensor) -> list[str]:
+    """Lengths against their prompts' targets when the target-length term ran (reference §2.20): the
+    quantiles of length / target over the rollouts with a target, and how many are within the tolerance."""
+    ratio = row_metrics.get("length_penalty/target_ratio_mean")
+    if ratio is None:
+        return []
+    scope = rows & ~row_metrics["length_penalty/target_frac"].isnan()
+    aimed = scope & ~ratio.isnan()
+    line = f"  target length: {int(aimed.sum())} of {int(scope.sum())} rollouts have a target"
+    if not bool(aimed.any()):
+        return [line]
+    marks = torch.quantile(ratio[aimed], torch.tensor(list(DELTA_QUANTILES.values()), dtype=torch.float64))
+    spread = " ".join(f"{name} {v:.3f}" for name, v in zip(DELTA_QUANTILES, marks.tolist(), strict=True))
+    within = int(row_metrics["length_penalty/target_within_tolerance_frac"][aimed].sum())
+    return [line + f"; length / target: {spread}; within tolerance {within}"]
+
+
 def scope_report(
     title: str, groups: list[int], batch: RolloutBatch, result: ShapingResult, facts: GroupFacts
 ) -> list[str]:
@@ -261,6 +278,7 @@ def scope_report(
             f"    mean {float(delta.mean()):+.4f}  {spread}  lowered {int((delta < 0).sum())}, "
             f"unchanged {int((delta == 0).sum())}, raised {int((delta > 0).sum())}"
         )
+    lines += target_lines(result.row_metrics, rows)
     touched = Counter(name for g in groups for name in facts.touched[g])
     lines.append(f"  groups touched per algorithm: {_counts(touched) or 'none'}")
     gates = [facts.gates[g] for g in groups if facts.gates[g] is not None]

@@ -3,7 +3,8 @@
 
 Reads a rollout file (``rollouts.py``; or samples it first with ``--generate``), streams it and writes the
 prompt dataset with ``profiled_rewards``, ``profiled_output_lengths`` and ``profile_band`` added per prompt
-(docs/reference/length-penalties.md §2.14; rules in ``profiles.py``), then prints what it did.
+(docs/reference/length-penalties.md §2.14; rules in ``profiles.py``), with ``--targets`` also
+``target_length`` (§2.20), then prints what it did.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from pathlib import Path
 
 from trl_length_plugin.offline.command import CommandError, Parser, run
 from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs
-from trl_length_plugin.offline.profiles import DEFAULT_RULE, BandRule, ProfileBuilder, Profiles
+from trl_length_plugin.offline.profiles import DEFAULT_RULE, BandRule, ProfileBuilder, Profiles, TargetRule
 from trl_length_plugin.offline.rollouts import MAX_COUNT, ROLLOUT_COLUMNS, RolloutReader, channel_lengths
 from trl_length_plugin.offline.tables import (
     EMBEDDED,
-    METADATA_COLUMNS,
     OUTPUT_FORMATS,
     check_output,
     dataset_of,
@@ -26,6 +26,7 @@ from trl_length_plugin.offline.tables import (
     resolve_tokenizer,
 )
 from trl_length_plugin.shaping.config import DEFAULT_REASONING_TAGS, load_shaping_config
+from trl_length_plugin.shaping.targets import DEFAULT_TEMPLATE
 
 PROG = "trl-length profile"
 
@@ -72,7 +73,23 @@ def make_parser() -> Parser:
         metavar="CHANNEL=QA,QB,F",
         help=f"a band rule (repeatable; default {DEFAULT_RULE}; 'none': no bands)",
     )
-    parser.add_argument("--min-passing", type=int, default=4, help="passing rollouts a band needs")
+    parser.add_argument(
+        "--min-passing", type=int, default=4, help="passing rollouts a band (or target) needs"
+    )
+    parser.add_argument(
+        "--targets",
+        metavar="[CHANNEL=]Q",
+        help="also write target_length: the Q quantile of each prompt's passing CHANNEL lengths (default "
+        "channel total), rounded to an integer; none below --min-passing passing rollouts",
+    )
+    parser.add_argument(
+        "--target-prompt",
+        nargs="?",
+        const=DEFAULT_TEMPLATE,
+        metavar="TEMPLATE",
+        help=f"with --targets: also ask for the target in each prompt, TEMPLATE ({{n}}: the target; default "
+        f"{DEFAULT_TEMPLATE!r}) appended to the last user message",
+    )
     generate = parser.add_argument_group("generating the rollouts first")
     generate.add_argument(
         "--generate",
@@ -95,6 +112,8 @@ def check_flags(args) -> None:
     """The numeric flags and --generate's own, before anything is read or loaded."""
     if args.min_passing < 1:
         raise CommandError("--min-passing must be >= 1")
+    if args.target_prompt is not None and (args.targets is None or "{n}" not in args.target_prompt):
+        raise CommandError("--target-prompt needs --targets and a TEMPLATE with {n}")
     if args.prompts == EMBEDDED and args.dataset_size < 1:
         raise CommandError("--dataset-size must be >= 1")
     if not args.generate:
@@ -124,6 +143,15 @@ def band_rules(values: list[str] | None) -> list[BandRule]:
     if len(set(channels)) != len(channels):
         raise CommandError("--band: one rule per channel")
     return rules
+
+
+def target_rule(value: str | None) -> TargetRule | None:
+    if value is None:
+        return None
+    try:
+        return TargetRule.parse(value)
+    except ValueError as err:
+        raise CommandError(f"--targets {err}") from None
 
 
 def generate(args, prompts, path: Path):
@@ -182,9 +210,22 @@ def read_profiles(args, tokenizer, allowed: set[str] | None):
     return reader, builder, carried
 
 
+def with_target_prompts(dataset, template: str):
+    """The prompts asking for their targets (``add_target_lengths``, reference §2.20)."""
+    from trl_length_plugin.shaping.targets import add_target_lengths
+
+    if "prompt" not in dataset.column_names:
+        raise CommandError("--target-prompt needs a prompt column (in --prompts or the rollouts)")
+    try:
+        return add_target_lengths(dataset, template=template)
+    except ValueError as err:
+        raise CommandError(f"--target-prompt: {err}") from None
+
+
 def output_dataset(profiles: Profiles, prompts, carried: dict):
-    """The prompt dataset with the three columns (null where no rollout names a prompt), and how many of
-    its rows have a profile and a band."""
+    """The prompt dataset with the three columns, and ``target_length`` when built (null where no rollout
+    names a prompt; a column of the same name in the prompts is replaced), and how many of its rows have a
+    profile, a band and a target."""
     if prompts is None:
         rows = list(range(len(profiles.keys)))
         names = dict.fromkeys(name for key in profiles.keys for name in carried[key])
@@ -193,11 +234,13 @@ def output_dataset(profiles: Profiles, prompts, carried: dict):
     else:
         index = {key: i for i, key in enumerate(profiles.keys)}
         rows = [index.get(id_key, index.get(text_key)) for id_key, text_key in prompt_keys(prompts)]
-        dataset = prompts.remove_columns([name for name in METADATA_COLUMNS if name in prompts.column_names])
-        for name, column in profiles.columns(rows).items():
+        new = profiles.columns(rows)
+        dataset = prompts.remove_columns([name for name in new if name in prompts.column_names])
+        for name, column in new.items():
             dataset = dataset.add_column(name, column)
     profiled = [i for i in rows if i is not None]
-    return dataset, len(profiled), sum(profiles.bands[i] is not None for i in profiled)
+    targeted = None if profiles.targets is None else sum(profiles.targets[i] is not None for i in profiled)
+    return dataset, len(profiled), sum(profiles.bands[i] is not None for i in profiled), targeted
 
 
 def summary(args, reader, builder, profiles: Profiles, rules, written: tuple) -> str:
@@ -213,10 +256,14 @@ def summary(args, reader, builder, profiles: Profiles, rules, written: tuple) ->
             f"  band {rule} (at least {args.min_passing} passing): {profiles.with_band[rule.channel]} prompts"
             + (f"; none for {without} ({why})" if without else "")
         )
+    target = target_rule(args.targets)
+    if target is not None:
+        lines.append(f"  target_length {target} (at least {args.min_passing} passing)")
     lines.append(f"  rows skipped: {reader.skipped_summary()}")
-    dataset, profiled, banded = written
+    dataset, profiled, banded, targeted = written
     lines.append(
         f"  wrote {len(dataset)} prompts to {args.output}: {profiled} with a profile, {banded} with a band"
+        + ("" if targeted is None else f", {targeted} with a target")
     )
     return "\n".join(lines)
 
@@ -225,6 +272,7 @@ def profile(args) -> None:
     from trl_length_plugin.offline.tables import write_dataset
 
     rules = band_rules(args.band)
+    target = target_rule(args.targets)
     check_flags(args)
     reads = [args.prompts, args.tokenizer, args.model if args.generate else None]
     outputs = Outputs([*reads, None if args.generate else args.rollouts], args.overwrite)
@@ -240,8 +288,10 @@ def profile(args) -> None:
         raise CommandError(f"{args.rollouts}: no such file or directory")
     allowed = None if prompts is None else {key for pair in prompt_keys(prompts) for key in pair if key}
     reader, builder, carried = read_profiles(args, tokenizer, allowed)
-    profiles = builder.build(rules, args.min_passing)
+    profiles = builder.build(rules, args.min_passing, target)
     written = output_dataset(profiles, prompts, carried)
+    if args.target_prompt is not None:
+        written = (with_target_prompts(written[0], args.target_prompt), *written[1:])
     write_dataset(written[0], output)
     print(summary(args, reader, builder, profiles, rules, written))
 

@@ -1,5 +1,5 @@
 """Per-prompt profiles and bands from reference rollouts (docs/profiles.md, ``trl-length profile``): the
-three metadata fields of docs/reference/length-penalties.md §2.14.
+three metadata fields of docs/reference/length-penalties.md §2.14, and on request the target length of §2.20.
 
 - ``profiled_rewards``: every rollout's correctness reward, in file order;
 - ``profiled_output_lengths``: every rollout's total length (reasoning + answer, §2.5), same order;
@@ -7,7 +7,10 @@ three metadata fields of docs/reference/length-penalties.md §2.14.
   (reward > 0, as §2.10 counts them) with at least ``min_passing`` of them: ``a`` = the ``QA`` quantile
   of their channel lengths, ``b`` = the ``QB`` quantile, ``f`` = ``F``. Quantiles interpolate linearly
   between order statistics (position ``(n - 1) * q`` of the sorted lengths, numpy's default). A band with
-  ``b <= a`` (the lengths too close) is not written.
+  ``b <= a`` (the lengths too close) is not written;
+- ``target_length`` (with a rule ``[channel=]Q``, channel default ``total``): the ``Q`` quantile of the
+  prompt's passing channel lengths, same quantiles and same ``min_passing``, rounded to the nearest integer
+  (halves to even) and at least 1; None for a prompt with fewer passing rollouts.
 
 Memory: 32 bytes per rollout (prompt index, reward, reasoning and answer length) plus the prompt keys
 while reading, then about as much again for the sorted copies and the Arrow columns written; no completion
@@ -56,6 +59,33 @@ class BandRule:
         return f"{self.channel}: a = q{self.a_quantile:g}, b = q{self.b_quantile:g}, f = {self.f:g}"
 
 
+@dataclass(frozen=True)
+class TargetRule:
+    """The target length as a quantile of a channel's passing lengths (docs/reference/length-penalties.md
+    §2.20)."""
+
+    channel: str
+    quantile: float
+
+    @classmethod
+    def parse(cls, text: str) -> TargetRule:
+        """``[CHANNEL=]Q`` with 0 <= Q <= 1, channel default ``total`` (ValueError otherwise)."""
+        channel, _, number = text.rpartition("=")
+        channel = channel or "total"
+        if channel not in BAND_CHANNELS:
+            raise ValueError(f"{text!r}: the channel must be one of {', '.join(BAND_CHANNELS)}")
+        try:
+            q = float(number)
+        except ValueError:
+            raise ValueError(f"{text!r}: expected [CHANNEL=]Q, e.g. total=0.5") from None
+        if not 0 <= q <= 1:
+            raise ValueError(f"{text!r}: needs 0 <= Q <= 1")
+        return cls(channel, q)
+
+    def __str__(self) -> str:
+        return f"{self.channel}: q{self.quantile:g}"
+
+
 def _quantiles(values: np.ndarray, starts: np.ndarray, counts: np.ndarray, q: float) -> np.ndarray:
     """The ``q`` quantile of each run ``values[starts[i]:starts[i] + counts[i]]`` (sorted, counts > 0)."""
     position = (counts - 1) * q
@@ -77,15 +107,33 @@ class Profiles:
     bands: list[dict[str, dict[str, float]] | None]
     with_band: Counter[str]
     no_band: dict[str, Counter[str]]
+    targets: list[int | None] | None = None
 
     def columns(self, prompts: list[int | None]) -> dict[str, Any]:
-        """The three columns for these prompt indices, in order (None: a row with no profile)."""
+        """The three columns for these prompt indices, in order (None: a row with no profile), and
+        ``target_length`` when targets were built."""
         index = pa.array(prompts, type=pa.int64())
-        return {
+        columns = {
             "profiled_rewards": self.rewards.take(index),
             "profiled_output_lengths": self.lengths.take(index),
             "profile_band": [None if i is None else self.bands[i] for i in prompts],
         }
+        if self.targets is not None:
+            columns["target_length"] = [None if i is None else self.targets[i] for i in prompts]
+        return columns
+
+
+def _passing_quantiles(
+    owner: np.ndarray, lengths: np.ndarray, prompts: int, quantiles: list[float], min_passing: int
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The prompts with at least ``min_passing`` passing lengths (flags) and, for those, each quantile of
+    their lengths (``owner``: each passing length's prompt)."""
+    by_length = np.lexsort((lengths, owner))
+    owner, lengths = owner[by_length], lengths[by_length].astype(np.float64)
+    counts = np.bincount(owner, minlength=prompts)
+    first = np.cumsum(counts) - counts
+    enough = counts >= min_passing
+    return enough, [_quantiles(lengths, first[enough], counts[enough], q) for q in quantiles]
 
 
 class ProfileBuilder:
@@ -105,7 +153,7 @@ class ProfileBuilder:
     def __len__(self) -> int:
         return len(self._reward)
 
-    def build(self, rules: list[BandRule], min_passing: int) -> Profiles:
+    def build(self, rules: list[BandRule], min_passing: int, target: TargetRule | None = None) -> Profiles:
         prompts = len(self.index)
         prompt = np.frombuffer(self._prompt, dtype=np.int64)
         order = np.argsort(prompt, kind="stable")  # by prompt, file order within a prompt
@@ -121,14 +169,13 @@ class ProfileBuilder:
         no_band: dict[str, Counter[str]] = {}
         passing = reward > 0
         for rule in rules:
-            owner, lengths = prompt[passing], channels[rule.channel][passing]
-            by_length = np.lexsort((lengths, owner))
-            owner, lengths = owner[by_length], lengths[by_length].astype(np.float64)
-            counts = np.bincount(owner, minlength=prompts)
-            first = np.cumsum(counts) - counts
-            enough = counts >= min_passing
-            a = _quantiles(lengths, first[enough], counts[enough], rule.a_quantile)
-            b = _quantiles(lengths, first[enough], counts[enough], rule.b_quantile)
+            enough, (a, b) = _passing_quantiles(
+                prompt[passing],
+                channels[rule.channel][passing],
+                prompts,
+                [rule.a_quantile, rule.b_quantile],
+                min_passing,
+            )
             reasons = no_band.setdefault(rule.channel, Counter())
             if not enough.all():
                 reasons[f"fewer than {min_passing} passing"] = int((~enough).sum())
@@ -138,4 +185,12 @@ class ProfileBuilder:
                     continue
                 bands[i] = {**(bands[i] or {}), rule.channel: {"a": a_i, "b": b_i, "f": rule.f}}
                 with_band[rule.channel] += 1
-        return Profiles(list(self.index), rewards, totals, bands, with_band, no_band)
+        targets = None
+        if target is not None:
+            enough, (values,) = _passing_quantiles(
+                prompt[passing], channels[target.channel][passing], prompts, [target.quantile], min_passing
+            )
+            targets = [None] * prompts
+            for i, value in zip(np.flatnonzero(enough).tolist(), np.rint(values).tolist(), strict=True):
+                targets[i] = max(1, int(value))
+        return Profiles(list(self.index), rewards, totals, bands, with_band, no_band, targets)

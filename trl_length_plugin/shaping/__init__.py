@@ -47,6 +47,8 @@ _EXPORTS = {
     "GroupRecord": "records",
     "format_group_record": "records",
     "log_group_records": "records",
+    "add_target_lengths": "targets",
+    "prompt_with_target": "targets",
 }
 
 __all__ = sorted(_EXPORTS)

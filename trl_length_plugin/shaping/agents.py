@@ -11,6 +11,7 @@ from .config import BAND_CHANNELS, CHANNELS, DEFAULT_AGENT, LengthPenaltyConfig,
 
 GATE_FIELDS = ("a", "b", "f")
 TRUNCATION_MODES = ("none", "mask", "penalty", "incorrect")
+TARGET_LENGTH_MODES = ("none", "exact", "max")
 #: string parameters, held as their index in these options
 CHOICES = {
     "group_length_penalty_profile_gate_channel": BAND_CHANNELS,
@@ -18,6 +19,8 @@ CHOICES = {
     "overlong_channel": CHANNELS,
     "cosine_channel": CHANNELS,
     "truncation": TRUNCATION_MODES,
+    "target_length": TARGET_LENGTH_MODES,
+    "target_length_channel": CHANNELS,
 }
 
 
@@ -51,7 +54,7 @@ class AgentParams:
         return self._cache[name]
 
     def uses(self, *names: str) -> bool:
-        """Whether any agent sets one of these parameters to a non-zero value (``truncation``: not none)."""
+        """Whether any agent sets one of these parameters to a non-zero value (a mode: not none)."""
         return any(getattr(p, name) not in (0, False, "none") for p in self.params for name in names)
 
     def agents_where(self, flags: torch.Tensor) -> list[str]:

@@ -123,11 +123,17 @@ class LengthPenaltyParams(BaseModel):
     cosine_channel: Channel = "total"
     truncation: Literal["none", "mask", "penalty", "incorrect"] = "none"
     truncation_penalty_factor: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)] = 0.0
+    # the target-length reward (L1 / LCPO, docs/reference/length-penalties.md §2.20)
+    target_length: Literal["none", "exact", "max"] = "none"
+    target_length_alpha: NonNegative = 0.0003
+    target_length_delta: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)] = 0.5
+    target_length_tolerance: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = 0.1
+    target_length_channel: Channel = "total"
 
 
 def rollout_term_errors(params: Mapping[str, Any]) -> list[str]:
     """The per-rollout terms' dependent-key errors of one agent's merged parameters, ``key: message``
-    (docs/reference/length-penalties.md §2.17-2.19)."""
+    (docs/reference/length-penalties.md §2.17-2.20)."""
     errors = []
     longest, buffer = params["overlong_max_length"], params["overlong_buffer"]
     if longest and not 0 < buffer <= longest:
@@ -142,6 +148,11 @@ def rollout_term_errors(params: Mapping[str, Any]) -> list[str]:
             errors.append("cosine_max_length: needs a value > 0 when a cosine_* key is set")
     if "truncation_penalty_factor" in params.get("_set", ()) and params["truncation"] != "penalty":
         errors.append("truncation_penalty_factor: needs truncation: penalty")
+    target = [k for k in params.get("_set", ()) if k.startswith("target_length_")]
+    if target and params["target_length"] == "none":
+        errors.append(f"{sorted(target)[0]}: needs target_length: exact or max")
+    if "target_length_delta" in params.get("_set", ()) and params["target_length"] == "exact":
+        errors.append("target_length_delta: needs target_length: max (exact has no delta)")
     return errors
 
 
@@ -229,10 +240,15 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
 
     @property
     def uses_metadata(self) -> bool:
-        """Whether some agent reads per-prompt metadata (a gate, a band or the profiled penalty, §2.14)."""
+        """Whether some agent reads per-prompt metadata (a gate, a band, the profiled penalty or the target
+        length, §2.14, §2.20)."""
         params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
         keys = (*BAND_PARAMETERS, "profiled_length_penalty")
-        return bool(self.global_bands) or any(getattr(p, key) for p in params for key in keys)
+        return (
+            bool(self.global_bands)
+            or any(getattr(p, key) for p in params for key in keys)
+            or any(p.target_length != "none" for p in params)
+        )
 
     @property
     def truncation_modes(self) -> set[str]:

@@ -1,9 +1,9 @@
 """Per-prompt metadata: parsed once per prompt, then merged per group (docs/reference/length-penalties.md
-§2.10, §2.12-2.14).
+§2.10, §2.12-2.14, §2.20).
 
 :func:`parse_prompt_metadata` turns per-prompt entries (mappings with ``profiled_rewards``,
-``profiled_output_lengths``, ``profile_band``; any may be missing) into a :class:`PromptMetadata` table of
-tensors; :class:`MetadataCache` keeps that table by prompt key, so a host parses each prompt once per run;
+``profiled_output_lengths``, ``profile_band``, ``target_length``; any may be missing) into a
+:class:`PromptMetadata` table of tensors; :class:`MetadataCache` keeps that table by prompt key, so a host parses each prompt once per run;
 :func:`merge_group_metadata` merges a group's entry over the config's global bands.
 
 A malformed entry is flagged in ``PromptMetadata.invalid`` (the caller warns and counts it) and never
@@ -15,7 +15,9 @@ raises. Malformed (reference §2.12, §2.14):
   (bools and strings are not numbers), is not finite, is above ``MAX_LENGTH`` in size, has ``a < 0``,
   ``b <= a`` or ``f`` outside [0, 1];
 - ``profiled_rewards`` / ``profiled_output_lengths`` (both present) that are not sequences of the same
-  length of real numbers (a reward may be a bool), or a length that is negative or above ``MAX_LENGTH``.
+  length of real numbers (a reward may be a bool), or a length that is negative or above ``MAX_LENGTH``;
+- a ``target_length`` that is not a real number (bools and strings are not), not finite, <= 0 or above
+  ``MAX_LENGTH`` (§2.20).
 
 Numbers may be Python, numpy or 0-d tensor scalars; sequences lists, tuples, 1-D numpy arrays or tensors.
 
@@ -42,7 +44,8 @@ from .threads import single_threaded
 
 PROFILED = "profiled"
 CHANNEL_NAME = "channel_name"
-METADATA_KEYS = (*BAND_CHANNELS, PROFILED, CHANNEL_NAME)  # the columns of ``PromptMetadata.invalid``
+TARGET = "target_length"
+METADATA_KEYS = (*BAND_CHANNELS, PROFILED, CHANNEL_NAME, TARGET)  # the columns of ``PromptMetadata.invalid``
 _BAND_KEYS = frozenset(BAND_CHANNELS)
 _INVALID = object()  # a malformed entry
 _PLAIN = {int, float}
@@ -54,12 +57,14 @@ class PromptMetadata:
 
     ``bands`` (P, channel, 3): ``a, b, f`` per ``BAND_CHANNELS`` channel, NaN where absent or malformed;
     ``profiled`` (P, 3): count, sum and sum of squares of the passing profiled lengths (count 0: none);
-    ``invalid`` (P, len(METADATA_KEYS)) bool: what was malformed.
+    ``invalid`` (P, len(METADATA_KEYS)) bool: what was malformed; ``target`` (P,): the target length
+    (§2.20), NaN where absent or malformed.
     """
 
     bands: torch.Tensor
     profiled: torch.Tensor
     invalid: torch.Tensor
+    target: torch.Tensor
 
     @classmethod
     def empty(cls, n: int) -> PromptMetadata:
@@ -67,6 +72,7 @@ class PromptMetadata:
             torch.full((n, len(BAND_CHANNELS), 3), math.nan, dtype=torch.float64),
             torch.zeros((n, 3), dtype=torch.float64),
             torch.zeros((n, len(METADATA_KEYS)), dtype=torch.bool),
+            torch.full((n,), math.nan, dtype=torch.float64),
         )
 
     def __len__(self) -> int:
@@ -74,20 +80,23 @@ class PromptMetadata:
 
     def take(self, index: torch.Tensor) -> PromptMetadata:
         """The rows ``index`` (e.g. each group's prompt)."""
-        return PromptMetadata(self.bands[index], self.profiled[index], self.invalid[index])
+        return PromptMetadata(
+            self.bands[index], self.profiled[index], self.invalid[index], self.target[index]
+        )
 
 
 @dataclass
 class GroupMetadata:
     """Per-group tensors the algorithms read: ``bands[channel]`` (G, 3) merged over the global defaults
-    (NaN rows: no band); the passing profiled lengths' count, sum and sum of squares; ``invalid[key]`` (G,)
-    for the parts the config reads."""
+    (NaN rows: no band); the passing profiled lengths' count, sum and sum of squares; the target length
+    (NaN: none); ``invalid[key]`` (G,) for the parts the config reads."""
 
     bands: dict[str, torch.Tensor]
     profiled_count: torch.Tensor
     profiled_sum: torch.Tensor
     profiled_sum_sq: torch.Tensor
     invalid: dict[str, torch.Tensor]
+    target: torch.Tensor
 
     def profiled_threshold(self, n_std: torch.Tensor, min_samples: torch.Tensor) -> torch.Tensor:
         """mean + n_std * sample std of the passing profiled lengths, NaN below ``min_samples`` (§2.10).
@@ -108,6 +117,7 @@ def merge_group_metadata(
     num_groups: int,
     read_bands: bool = True,
     read_profiles: bool = True,
+    read_target: bool = True,
 ) -> GroupMetadata:
     """Each group's bands merged over ``global_bands`` per channel (the row's channel wins, §2.12); only
     the parts asked for are read (and flagged). ``prompts`` holds one row per group, or None."""
@@ -122,11 +132,12 @@ def merge_group_metadata(
         absent = torch.isnan(own[:, :1])
         bands[channel] = torch.where(absent, torch.tensor(default, dtype=torch.float64), own)
     for column, key in enumerate(METADATA_KEYS):
-        read = read_profiles if key == PROFILED else read_bands
+        read = {PROFILED: read_profiles, TARGET: read_target}.get(key, read_bands)
         invalid[key] = prompts.invalid[:, column] if read else torch.zeros(num_groups, dtype=torch.bool)
     profiled = prompts.profiled if read_profiles else torch.zeros((num_groups, 3), dtype=torch.float64)
     count, total, total_sq = profiled.unbind(1)
-    return GroupMetadata(bands, count.long(), total, total_sq, invalid)
+    target = prompts.target if read_target else torch.full((num_groups,), math.nan, dtype=torch.float64)
+    return GroupMetadata(bands, count.long(), total, total_sq, invalid, target)
 
 
 # -- per-entry parsers: what is valid ----------------------------------------------------------------------
@@ -313,6 +324,21 @@ def _profiles(rewards: list[Any], lengths: list[Any]) -> tuple[np.ndarray, np.nd
     return stats, bad.astype(bool)
 
 
+def _targets(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(n,) target lengths (NaN where absent or malformed) and (n,) malformed flags (§2.20)."""
+    given = _given(values)
+    targets = np.full(len(values), math.nan)
+    present = list(compress(values, given))
+    numbers = _plain_numbers(present)
+    if numbers is None:  # not all plain ints and floats: one value at a time
+        numbers = np.array([math.nan if (x := _length(v)) is None else x for v in present], dtype=np.float64)
+    good = (numbers > 0) & (numbers <= MAX_LENGTH)  # NaN and infinities fail
+    targets[np.flatnonzero(given)[good]] = numbers[good]
+    bad = given.copy()
+    bad[given] = ~good
+    return targets, bad
+
+
 def _unknown_channels(blocks: list[Any]) -> np.ndarray:
     """(n,) flags: a band mapping with a key other than the three channel names."""
     return np.fromiter(
@@ -327,14 +353,16 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     table = PromptMetadata.empty(len(entries))
     if not entries or not _given(entries).any():
         return table
-    keys = ("profile_band", "profiled_rewards", "profiled_output_lengths")
-    blocks, rewards, lengths = _columns(entries, keys)
+    keys = ("profile_band", "profiled_rewards", "profiled_output_lengths", TARGET)
+    blocks, rewards, lengths, targets = _columns(entries, keys)
     invalid = np.zeros((len(entries), len(METADATA_KEYS)), dtype=bool)
     for i, channel_blocks in enumerate(_columns(blocks, BAND_CHANNELS)):
         values, invalid[:, i] = _channel_bands(channel_blocks)
         table.bands[:, i] = torch.from_numpy(values)
     stats, invalid[:, METADATA_KEYS.index(PROFILED)] = _profiles(rewards, lengths)
     invalid[:, METADATA_KEYS.index(CHANNEL_NAME)] = _unknown_channels(blocks)
+    target, invalid[:, METADATA_KEYS.index(TARGET)] = _targets(targets)
+    table.target = torch.from_numpy(target)
     table.profiled = torch.from_numpy(stats)
     table.invalid = torch.from_numpy(invalid)
     return table
@@ -381,10 +409,10 @@ class MetadataCache:
         end = start + len(keys)
         if end > len(self._table):
             grown = PromptMetadata.empty(max(end, 2 * len(self._table)))
-            for name in ("bands", "profiled", "invalid"):
+            for name in ("bands", "profiled", "invalid", "target"):
                 getattr(grown, name)[:start] = getattr(self._table, name)[:start]
             self._table = grown
-        for name in ("bands", "profiled", "invalid"):
+        for name in ("bands", "profiled", "invalid", "target"):
             getattr(self._table, name)[start:end] = getattr(parsed, name)
         self._rows.update(zip(keys, range(start, end), strict=True))
         self.parsed += len(keys)

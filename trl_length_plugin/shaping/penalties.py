@@ -22,7 +22,7 @@ from .batch import RolloutBatch
 from .config import BAND_PARAMETERS, CHANNELS, LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
 from .groups import Bucket, GroupLayout
-from .metadata import METADATA_KEYS, PROFILED, GroupMetadata, merge_group_metadata
+from .metadata import METADATA_KEYS, PROFILED, TARGET, GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
 from .terms import TermInputs, terms
@@ -83,16 +83,20 @@ class _Shared:
             profiled_threshold=bucket.take(self.profiled_threshold),
             bands={channel: bucket.take(band) for channel, band in self.meta.bands.items()},
             limits=bucket.take(self.limits),
+            target=bucket.take(self.meta.target),
         )
 
 
 def _shared_inputs(batch: RolloutBatch, config: LengthPenaltyConfig, params: AgentParams) -> _Shared:
-    """Read per-prompt metadata only when an agent uses it (§2.10, §2.12-2.14)."""
+    """Read per-prompt metadata only when an agent uses it (§2.10, §2.12-2.14, §2.20)."""
     read_bands = params.uses(*BAND_PARAMETERS)
     read_profiles = params.uses("profiled_length_penalty")
+    read_target = params.uses("target_length")
     layout = batch.layout
-    prompts = batch.group_metadata() if read_bands or read_profiles else None
-    meta = merge_group_metadata(prompts, config.global_bands, layout.num_groups, read_bands, read_profiles)
+    prompts = batch.group_metadata() if read_bands or read_profiles or read_target else None
+    meta = merge_group_metadata(
+        prompts, config.global_bands, layout.num_groups, read_bands, read_profiles, read_target
+    )
     limits = gate_limits(
         meta.bands,
         params["group_length_penalty_profile_gate_channel"].long(),
@@ -121,13 +125,15 @@ def _run_gate(view: GroupView, shared: _Shared) -> dict[str, torch.Tensor]:
 def _rollout_terms(view: GroupView, shared: _Shared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The rollout reward after the per-rollout terms, in order (§2.17-2.19), and their outputs
     (``term:<name>``, empty when none is used). A term adds its outputs to the running reward, or returns the
-    new reward itself as ``reward`` (the cosine reward replaces it, exactly)."""
+    new reward itself as ``reward`` (the cosine reward replaces it, exactly); its ``metric:<name>`` outputs
+    are per-row metric values, kept as they are."""
     reward, out = view.rewards, {}
     for term in terms("rollout"):
         if term.used_by(view):
             inputs = shared.inputs(view.bucket, view.shaped_groups, reward)
             outputs = term.compute(view, inputs)
             replaced = outputs.pop("reward", None)
+            out.update({name: outputs.pop(name) for name in list(outputs) if name.startswith("metric:")})
             for name, value in outputs.items():
                 reward = reward + value
                 out[f"term:{name}"] = value
@@ -142,6 +148,7 @@ def _rollout_groups(view: GroupView) -> torch.Tensor:
         (view.p("cosine_max_length") > 0)
         | (view.p("overlong_max_length") > 0)
         | (view.p("truncation") == TRUNCATION_MODES.index("penalty"))
+        | (view.p("target_length") > 0)
     )
 
 
@@ -230,7 +237,7 @@ def _warn(
             agent,
         )
     if params.uses(*BAND_PARAMETERS):
-        flagged = any(bool(meta.invalid[key].any()) for key in METADATA_KEYS if key != PROFILED)
+        flagged = any(bool(meta.invalid[key].any()) for key in METADATA_KEYS if key not in (PROFILED, TARGET))
         found = flagged or any(bool((~band[:, 0].isnan()).any()) for band in meta.bands.values())
         warning = config.band_source_warning(found, "no prompt of the batch has a 'profile_band'")
         if warning:
@@ -277,13 +284,19 @@ def _row_metrics(
 
 
 def _rollout_metrics(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The per-rollout terms' metrics as per-row values (§2.17-2.18), present when the term ran."""
-    metrics = {}
+    """The per-rollout terms' metrics as per-row values (§2.17-2.18, §2.20), present when the term ran."""
+    metrics = {
+        f"length_penalty/{key[len('metric:') :]}": value
+        for key, value in out.items()
+        if key.startswith("metric:")
+    }
     if "term:overlong" in out:
         metrics["length_penalty/overlong_frac"] = (out["term:overlong"] < 0).double()
         metrics["length_penalty/overlong_penalty_mean"] = out["term:overlong"].double()
     if "term:cosine" in out:
         metrics["length_penalty/cosine_delta_mean"] = out["term:cosine"].double()
+    if "term:target_length" in out:
+        metrics["length_penalty/target_delta_mean"] = out["term:target_length"].double()
     return metrics
 
 

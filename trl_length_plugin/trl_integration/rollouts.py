@@ -30,10 +30,10 @@ from trl_length_plugin.shaping.metadata import METADATA_KEYS, MetadataCache, Pro
 logger = logging.getLogger("trl_length_plugin")
 
 #: per-prompt metadata columns read from the top level of each dataset row (reference §2.14)
-METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band")
+METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 NESTED_METADATA_KEY = "extra_env_info"
-#: the widths of a parsed entry's bands, profile statistics and flags in the gathered tensor
-PARSED_WIDTHS = (len(BAND_CHANNELS) * 3, 3, len(METADATA_KEYS))
+#: the widths of a parsed entry's bands, profile statistics, flags and target length in the gathered tensor
+PARSED_WIDTHS = (len(BAND_CHANNELS) * 3, 3, len(METADATA_KEYS), 1)
 
 
 def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
@@ -91,13 +91,20 @@ class RowMetadata:
         keys = [entry_key(entry) for entry in entries]
         by_key = dict(zip(keys, entries, strict=True))
         table = self.cache.lookup(keys, lambda new: [by_key[key] for key in new])
-        return torch.cat([table.bands.flatten(1), table.profiled, table.invalid.double()], 1)
+        return torch.cat(
+            [table.bands.flatten(1), table.profiled, table.invalid.double(), table.target[:, None]], 1
+        )
 
     @staticmethod
     def from_columns(values: torch.Tensor) -> PromptMetadata:
         """The ``PromptMetadata`` of gathered ``local_columns`` rows."""
-        bands, profiled, invalid = values.split(PARSED_WIDTHS, 1)
-        return PromptMetadata(bands.reshape(-1, len(BAND_CHANNELS), 3), profiled.contiguous(), invalid.bool())
+        bands, profiled, invalid, target = values.split(PARSED_WIDTHS, 1)
+        return PromptMetadata(
+            bands.reshape(-1, len(BAND_CHANNELS), 3),
+            profiled.contiguous(),
+            invalid.bool(),
+            target[:, 0].clone(),
+        )
 
 
 @dataclass

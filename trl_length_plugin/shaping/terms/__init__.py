@@ -4,9 +4,10 @@ Each algorithm is one small module that registers itself with :func:`register_te
 parameters (the flat ``length_penalty`` keys, unchanged), the channels it reads, its kind and its place in
 the §2.6 order. Per bucket of groups the engine runs:
 
-0. the ``rollout`` terms in ``order`` (cosine, overlong, truncation penalty, §2.17-2.19): per-row changes of
-   the correctness, added to the running rollout reward (which they read as ``inputs.adjustment``; a term may
-   return the new reward itself as ``reward``); the later terms read it as ``view.rewards``, while
+0. the ``rollout`` terms in ``order`` (cosine, overlong, target length, truncation penalty, §2.17-2.20):
+   per-row changes of the correctness, added to the running rollout reward (which they read as
+   ``inputs.adjustment``; a term may return the new reward itself as ``reward``, and per-row metric values as
+   ``metric:<name>``, which are not added); the later terms read it as ``view.rewards``, while
    ``view.positive`` stays the correctness;
 1. the ``gate`` terms (the profile gate, §2.13): per group, whether the gated terms apply;
 2. the ``additive`` terms in ``order``: each returns per-row adjustments, summed as they finish; a term that
@@ -34,13 +35,14 @@ Kind = Literal["rollout", "gate", "additive", "multiplier"]
 class TermInputs:
     """What a term may read besides the view, per group of the bucket (Gb,): the gate, the running sum of
     earlier additive terms (``[width, Gb]``; for a rollout term: the running rollout reward), the profiled
-    threshold, the merged bands (Gb, 3) and the gate limits."""
+    threshold, the merged bands (Gb, 3), the gate limits and the target length (NaN: none, §2.20)."""
 
     gate_open: torch.Tensor
     adjustment: torch.Tensor
     profiled_threshold: torch.Tensor
     bands: dict[str, torch.Tensor]
     limits: torch.Tensor
+    target: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Term:
 
 
 _REGISTRY: dict[str, Term] = {}
-_MODULES = ("cosine", "overlong", "truncation", "profile_gate", "shortest_bonus", "longest_penalty", "group_relative", "zmad", "profiled",
+_MODULES = ("cosine", "overlong", "target_length", "truncation", "profile_gate", "shortest_bonus", "longest_penalty", "group_relative", "zmad", "profiled",
             "pass_rate", "profile_band")  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from . import TermInputs, register_term
 PENALTY = TRUNCATION_MODES.index("penalty")
 
 
-@register_term("truncation", kind="rollout", order=2, parameters=("truncation",), reads_adjustment=True)
+@register_term("truncation", kind="rollout", order=3, parameters=("truncation",), reads_adjustment=True)
 def truncation(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     on = view.p("truncation") == PENALTY
     if view.truncated is None or not bool(on.any()):
