@@ -62,9 +62,10 @@ STATS = {
 
 @dataclass(frozen=True)
 class Arm:
-    """One configuration: its ``LengthPluginGRPOConfig`` keys, for profile bands the band floor f, and for a
+    """One configuration: its ``LengthPluginGRPOConfig`` keys, for profile bands the band floor f, for a
     peer arm the reward functions added to the correctness reward (``bench/peer_arms.py``: builder name and
-    arguments) with the correctness reward's weight (0 where the peer's reward replaces it)."""
+    arguments) with the correctness reward's weight (0 where the peer's reward replaces it), and for a
+    target-length arm the instruction that asks each prompt for its target (``target_prompt``, with ``{n}``)."""
 
     family: str
     strength: str
@@ -72,6 +73,7 @@ class Arm:
     band_floor: float = 0.5
     rewards: tuple[tuple[str, dict], ...] = ()
     correctness_weight: float = 1.0
+    target_prompt: str = ""
 
     @property
     def name(self) -> str:
@@ -204,7 +206,10 @@ def length_arms(max_len: int) -> list[Arm]:
     """Our per-rollout length controls that depend on the run's longest completion L (docs/length-shaping.md
     terms 9-11 and the length schedule): truncated rollouts under a hard budget of 2L/3 tokens (beside the
     TRL truncation mask peer at the same budget), and a ThinkPrune-like curriculum that shrinks the overlong
-    maximum (buffer L/4) from L to 7L/8 at step 20 and to 3L/4 at step 40. Our overlong and cosine terms are
+    maximum (buffer L/4) from L to 7L/8 at step 20 and to 3L/4 at step 40; and L1's target-length rewards
+    (reference §2.20: exact at alpha 0.01 a token, max at alpha 0.05 and delta 0.5; the paper's alpha of 3e-4
+    is for thousands of tokens), each prompt asking for its target, the 25th percentile of the warm model's
+    passing lengths for it (``with_targets``). Our overlong and cosine terms are
     not arms of their own: they give the TRL soft overlong and TRL cosine peers' rewards exactly
     (tests/test_peer_arms.py), so those peer rows are theirs."""
     budget = {"max_completion_length": 2 * max_len // 3}
@@ -221,6 +226,18 @@ def length_arms(max_len: int) -> list[Arm]:
             {**budget, **penalty(truncation="penalty", truncation_penalty_factor=0.5)},
         ),
         Arm("overlong curriculum", "L to 3L/4", {**penalty(**overlong), "length_schedule": [shrink]}),
+        Arm(
+            "L1 target exact",
+            "0.01",
+            penalty(target_length="exact", target_length_alpha=0.01),
+            target_prompt="Think for {n} tokens.",
+        ),
+        Arm(
+            "L1 target max",
+            "0.05",
+            penalty(target_length="max", target_length_alpha=0.05),
+            target_prompt="Think for maximum {n} tokens.",
+        ),
     ]
 
 
@@ -244,7 +261,36 @@ def slug(name: str) -> str:
 
 def uses_profiles(arm: Arm) -> bool:
     params = arm.keys.get("length_penalty", {}).get("default", {})
-    return any(params.get(key) for key in PROFILE_KEYS)
+    return bool(arm.target_prompt) or any(params.get(key) for key in PROFILE_KEYS)
+
+
+def profile_target(profile: dict) -> int | None:
+    """A prompt's target length: its band's ``a`` (the 25th percentile of the warm model's passing lengths),
+    rounded; None without a band (fewer than two passing rollouts)."""
+    return None if profile["band"] is None else round(profile["band"]["a"])
+
+
+def with_targets(dataset, held_out, profiles: dict[str, dict], template: str) -> tuple:
+    """The training and held-out rows with a ``target_length`` column and each prompt asking for it
+    (``template``, docs/reference/length-penalties.md §2.20): a profiled prompt's own target, and for the
+    held-out problems (never profiled) the median target of the training prompts of their level (of all
+    training prompts on a task without levels)."""
+    from trl_length_plugin.shaping.targets import add_target_lengths
+
+    def levels(rows) -> list[int]:
+        return rows["level"] if "level" in rows.column_names else [0] * len(rows)
+
+    targets = [profile_target(profiles[q]) if q in profiles else None for q in map(demo.question, dataset)]
+    by_level: dict[int, list[int]] = {}
+    for target, level in zip(targets, levels(dataset), strict=True):
+        if target is not None:
+            by_level.setdefault(level, []).append(target)
+    medians = {level: round(statistics.median(values)) for level, values in by_level.items()}
+    held_out_targets = [medians.get(level) for level in levels(held_out)]
+    return (
+        add_target_lengths(dataset, targets=targets, template=template),
+        add_target_lengths(held_out, targets=held_out_targets, template=template),
+    )
 
 
 def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
@@ -337,6 +383,8 @@ def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
         training=task.training,
         eval_samples=demo.EVAL_SAMPLES,
     )
+    if arm.target_prompt:  # only then, so the other arms' stored runs stay valid
+        stored["target_prompt"] = arm.target_prompt
     return json.loads(json.dumps(with_task(stored, task)))
 
 
@@ -346,10 +394,13 @@ def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = d
     task = demo.TASKS[task_name]
     arm = arms_by_name(task)[arm_name]
     started = time.perf_counter()
-    dataset = task.training_set(seed)
+    dataset, held_out = task.training_set(seed), None
     if uses_profiles(arm):
         profiles = json.loads(warm_path(Path(out), seed).read_text())["profiles"]
-        dataset = with_profiles(dataset, profiles, arm.band_floor)
+        if arm.target_prompt:
+            dataset, held_out = with_targets(dataset, task.held_out(), profiles, arm.target_prompt)
+        else:
+            dataset = with_profiles(dataset, profiles, arm.band_floor)
     with tempfile.TemporaryDirectory() as tmp:
         rewards, weights = peer_rewards(arm, task)
         result = demo.train_and_evaluate(
@@ -361,6 +412,7 @@ def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = d
             extra_rewards=rewards,
             reward_weights=weights,
             task=task,
+            held_out=held_out,
         )
     history = [row for row in result["history"] if demo.LENGTH_KEY in row]
     metrics = sorted({key for row in history for key in row if key.startswith("length_penalty/")})

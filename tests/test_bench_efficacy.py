@@ -457,3 +457,35 @@ def test_versus_peers_pairs_each_of_ours_with_each_peer_per_seed():
     assert f"| {length:+.1f} [" in line and line.endswith("| shorter, accuracy tie |")
     assert bench.common_seeds(records, "group-relative 1.0", bench.PLAIN) == [0, 1, 2]
     assert bench.versus_peers(records, rows[:2]) == ""  # no peer arm ran
+
+
+def test_target_arms_ask_each_prompt_for_its_profiled_target_and_held_out_for_its_levels_median():
+    from trl_length_plugin.embedded import reasoning
+
+    train = reasoning.make_reasoning_dataset(8, seed=3)
+    held_out = reasoning.make_reasoning_dataset(4, seed=4)
+    a_values = [10.4, 20.6, 30.0, 11.0, 21.0, 31.0, None, 40.0]
+    profiles = {
+        demo.question(row): {"band": None if a is None else {"a": a, "b": a + 5}}
+        for row, a in zip(train, a_values, strict=True)
+    }
+    arm = bench.arms_by_name(demo.REASONING)["L1 target max 0.05"]
+    assert (
+        bench.uses_profiles(arm)
+        and bench.settings(arm, 60, demo.REASONING)["target_prompt"] == arm.target_prompt
+    )
+    trained, asked = bench.with_targets(train, held_out, profiles, arm.target_prompt)
+    assert trained["target_length"] == [10, 21, 30, 11, 21, 31, None, 40]
+    first = trained[0]["prompt"][-1]["content"]
+    assert first == f"{demo.question(train[0])} Think for maximum 10 tokens."
+    assert demo.question(trained[6]) == demo.question(train[6])  # no target: the prompt is unchanged
+    medians = {}
+    for target, level in zip(trained["target_length"], train["level"], strict=True):
+        if target is not None:
+            medians.setdefault(level, []).append(target)
+    expected = [
+        round(statistics.median(medians[level])) if level in medians else None for level in held_out["level"]
+    ]
+    assert asked["target_length"] == expected
+    plain = bench.arms_by_name(demo.REASONING)[bench.PLAIN]
+    assert "target_prompt" not in bench.settings(plain, 60, demo.REASONING)  # stored runs stay valid

@@ -279,11 +279,12 @@ def train_and_evaluate(
     extra_rewards=(),
     reward_weights=None,
     task: Task = ARITHMETIC,
+    held_out=None,
 ) -> dict:
     """Train one arm (``keys``: its LengthPluginGRPOConfig keys, over ``task.training``; ``extra_rewards``:
     reward functions besides the correctness reward, ``reward_weights`` all their weights) on the embedded
-    ``task``, then sample the held-out problems. Returns the log history and the held-out ``eval`` figures
-    (``held_out_figures``)."""
+    ``task``, then sample the held-out problems (``held_out``: their rows, default the task's). Returns the log
+    history and the held-out ``eval`` figures (``held_out_figures``)."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -310,7 +311,7 @@ def train_and_evaluate(
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
     trainer.train()
-    held_out = task.held_out()
+    held_out = task.held_out() if held_out is None else held_out
     completions = sample(
         trainer.model, tokenizer, held_out, EVAL_SAMPLES, HELD_OUT_SEED, max_new_tokens=task.max_length
     )

@@ -75,8 +75,9 @@ def question_of(steps: Sequence[Step]) -> str:
 
 
 def necessary_steps(question: str) -> list[Step]:
-    """The steps a question needs, in order (one per operation); ValueError for a question of another form."""
-    match = re.fullmatch(r"What is (\d+)((?:[+-]\d+)+)\?", question)
+    """The steps a question needs, in order (one per operation); ValueError for a question of another form.
+    Text after the question and a space (an instruction such as a target length's) is ignored."""
+    match = re.fullmatch(r"What is (\d+)((?:[+-]\d+)+)\?(?: .*)?", question, flags=re.DOTALL)
     if match is None:
         raise ValueError(f"question: not a reasoning-task question: {question!r}")
     total, steps = int(match[1]), []
