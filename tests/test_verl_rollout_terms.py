@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.test_verl_shaping import run_advantage_step, words
-from tests.verl_length_helpers import Rollout, local_transfer_queue, make_trainer
+from tests.verl_length_helpers import Rollout, make_trainer
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, measure_lengths, shape_rollouts
 
 pytestmark = pytest.mark.slow
@@ -28,19 +28,6 @@ class CutRollout(Rollout):
     def response(self, tokenizer):
         ids, mask = super().response(tokenizer)
         return (ids[:-1], mask[:-1]) if self.cut else (ids, mask)
-
-
-@pytest.fixture(scope="module")
-def store():
-    with local_transfer_queue():
-        yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer(random_model_dir):
-    from trl_length_plugin.embedded import load_tokenizer
-
-    return load_tokenizer(random_model_dir)
 
 
 def test_overlong_and_incorrect_at_verls_call_site(store, tokenizer, tmp_path):
