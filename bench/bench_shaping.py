@@ -18,7 +18,8 @@ docs/reference/length-coefficient.md §3). Integer lengths, groups of 8 and 16. 
    with metadata in the call, with a warm ``MetadataCache`` and without metadata (target of issue 21 against
    64b9fae: at most 0.5x with metadata, at most 1.0x without); and beside them the ``floor``, the few passes
    any implementation needs (rewards, lengths and group ids read once, one segmented reduction, the outputs
-   written), as the step / floor ratio (target: within 10x).
+   written), as the step / floor ratio (target: within 10x). Times are CPU times of this one-thread process,
+   so other processes on a shared machine do not count.
 
 The allocator's state decides whether the engine's temporaries are page-faulted in afresh on every
 call, so ``--allocator`` sets it: ``warm`` (default) as a trainer process has it, after one freed 16 MB
@@ -277,10 +278,23 @@ def floor(rewards, group_index, reasoning, answer, group_size):
     return advantages, advantages != 0
 
 
+def cpu_time(fn, calls: int) -> float:
+    """Median CPU seconds of ``fn()`` (one thread: its own time, whatever else runs on the machine)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
 def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
     with tempfile.TemporaryDirectory() as folder:
         base, base_cache = base_engine(commit, Path(folder))
-        header(f"shaping step: this engine vs {commit}'s, alternated call by call (median of {calls})")
+        header(
+            f"shaping step: this engine vs {commit}'s, alternated call by call (median CPU time of {calls})"
+        )
         floors = []
         for rows in sizes:
             for group_size in (8, 16):
@@ -301,9 +315,9 @@ def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
                             (engine, ours_meta, ours_times),
                             (base, base_meta, base_times),
                         ):
-                            start = time.perf_counter()
+                            start = time.process_time()
                             fn(*data, meta())
-                            times.append(time.perf_counter() - start)
+                            times.append(time.process_time() - start)
                     median = statistics.median
                     report(
                         f"{rows} rows, groups of {group_size}, {label}",
@@ -315,7 +329,7 @@ def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
         header("shaping step without metadata vs the floor (target: within 10x)")
         for rows, group_size, measured in floors:
             *data, _ = make_batch(rows, group_size)
-            at_floor = timeit(lambda data=data, g=group_size: floor(*data, g), repeat=calls)
+            at_floor = cpu_time(lambda data=data, g=group_size: floor(*data, g), calls)
             report(f"{rows} rows, groups of {group_size}", measured * 1e3, at_floor * 1e3)
 
 
