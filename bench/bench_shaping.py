@@ -13,6 +13,13 @@ docs/reference/length-coefficient.md §3). Integer lengths, groups of 8 and 16. 
    trainers hold it) vs the same batch without metadata (target: at most 1.3x).
 3. ``threads``: the step at torch's default thread count vs one thread, while ``--busy`` processes spin on
    the other cores (a trainer's machine is busy; target: at most 1.5x).
+4. ``base``: the step vs the same step of the engine at ``--base`` (a commit of this repository, extracted
+   with ``git archive`` into a temporary folder and imported beside this one), calls alternated one by one,
+   with metadata in the call, with a warm ``MetadataCache`` and without metadata (target of issue 21 against
+   64b9fae: at most 0.5x with metadata, at most 1.0x without); and beside them the ``floor``, the few passes
+   any implementation needs (rewards, lengths and group ids read once, one segmented reduction, the outputs
+   written), as the step / floor ratio (target: within 10x). Times are CPU times of this one-thread process,
+   so other processes on a shared machine do not count.
 
 The allocator's state decides whether the engine's temporaries are page-faulted in afresh on every
 call, so ``--allocator`` sets it: ``warm`` (default) as a trainer process has it, after one freed 16 MB
@@ -20,16 +27,20 @@ buffer (``warm_allocator``); ``trl`` after two real GRPO steps of ``LengthPlugin
 embedded model (needs the ``trl`` extra), the state ``warm`` stands for; ``cold`` in an otherwise
 empty process.
 
-    python -m bench.bench_shaping [--sections reference,metadata,threads] [--threads 1]
-        [--sizes 8192,65536,524288] [--allocator warm|trl|cold] [--busy 2]
+    python -m bench.bench_shaping [--sections reference,metadata,threads,base] [--threads 1]
+        [--sizes 8192,65536,524288] [--allocator warm|trl|cold] [--busy 2] [--base 64b9fae]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import multiprocessing
 import statistics
+import subprocess
+import sys
+import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
@@ -219,6 +230,117 @@ def threads_section(sizes: list[int], processes: int) -> None:
             report(f"{rows} rows, groups of 8", median(times[default]) * 1e3, median(times[1]) * 1e3)
 
 
+def base_engine(commit: str, folder: Path):
+    """``engine`` of the package at ``commit`` (``git archive``), imported under its own name beside this one:
+    its modules are loaded with ``trl_length_plugin`` swapped out of ``sys.modules``, then swapped back."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", commit, "trl_length_plugin"],
+        cwd=repo,
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "trl_length_plugin"}
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, str(folder))
+    try:
+        from trl_length_plugin import shaping as base
+    finally:
+        sys.path.remove(str(folder))
+        for name in [name for name in sys.modules if name.split(".")[0] == "trl_length_plugin"]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+    config = base.LengthShapingConfig(
+        length_penalty=CONFIG, length_penalty_coeff=COEFF, drop_zero_std_groups=True
+    )
+
+    def run(rewards, group_index, reasoning, answer, metadata):
+        batch = base.RolloutBatch(
+            rewards, group_index, reasoning, answer, metadata=metadata, loss_lengths=reasoning + answer
+        )
+        result = base.shape_rollouts(batch, config)
+        return result.advantages, result.keep
+
+    return run, base.MetadataCache
+
+
+def floor(rewards, group_index, reasoning, answer, group_size):
+    """The passes any shaping step needs: rewards, lengths and group ids read once, one segmented reduction
+    (each group's reward and length sums), the outputs (one advantage and one keep flag per row) written."""
+    lengths = (reasoning + answer).double()
+    sums = torch.zeros(rewards.numel() // group_size, 2, dtype=torch.float64)
+    sums.index_add_(0, group_index, torch.stack((rewards.double(), lengths), 1))
+    means = (sums / group_size)[group_index]
+    advantages = rewards - means[:, 0] - 1e-9 * (lengths - means[:, 1])
+    return advantages, advantages != 0
+
+
+def cpu_time(fn, calls: int) -> float:
+    """Median CPU seconds of ``fn()`` (one thread: its own time, whatever else runs on the machine)."""
+    fn()
+    times = []
+    for _ in range(calls):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return statistics.median(times)
+
+
+def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        base, base_cache = base_engine(commit, Path(folder))
+        header(
+            f"shaping step: this engine vs {commit}'s, alternated call by call (median CPU time of {calls})"
+        )
+        floors = []
+        for rows in sizes:
+            for group_size in (8, 16):
+                *data, metadata = make_batch(rows, group_size)
+                cases = {
+                    "metadata in the call": (lambda m=metadata: m, lambda m=metadata: m),
+                    "cached metadata": (
+                        cached_metadata(metadata, group_size),
+                        cached_metadata_of(base_cache, metadata, group_size),
+                    ),
+                    "no metadata": (lambda: None, lambda: None),
+                }
+                for label, (ours_meta, base_meta) in cases.items():
+                    ours_times, base_times = [], []
+                    engine(*data, ours_meta()), base(*data, base_meta())  # warm-up
+                    for _ in range(calls):
+                        for fn, meta, times in (
+                            (engine, ours_meta, ours_times),
+                            (base, base_meta, base_times),
+                        ):
+                            start = time.process_time()
+                            fn(*data, meta())
+                            times.append(time.process_time() - start)
+                    median = statistics.median
+                    report(
+                        f"{rows} rows, groups of {group_size}, {label}",
+                        median(ours_times) * 1e3,
+                        median(base_times) * 1e3,
+                    )
+                    if label == "no metadata":
+                        floors.append((rows, group_size, median(ours_times)))
+        header("shaping step without metadata vs the floor (target: within 10x)")
+        for rows, group_size, measured in floors:
+            *data, _ = make_batch(rows, group_size)
+            at_floor = cpu_time(lambda data=data, g=group_size: floor(*data, g), calls)
+            report(f"{rows} rows, groups of {group_size}", measured * 1e3, at_floor * 1e3)
+
+
+def cached_metadata_of(cache_class, metadata: list, group_size: int):
+    """``cached_metadata`` with another engine's ``MetadataCache``."""
+    cache = cache_class()
+    keys = list(range(len(metadata) // group_size))
+    cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])
+    return lambda: cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="reference,metadata,threads")
@@ -226,6 +348,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="8192,65536,524288")
     parser.add_argument("--allocator", choices=("warm", "trl", "cold"), default="warm")
     parser.add_argument("--busy", type=int, default=2, help="spinning processes of the threads section")
+    parser.add_argument("--base", default="64b9fae", help="the commit whose engine the base section runs")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     {"warm": warm_allocator, "trl": trl_steps, "cold": lambda: None}[args.allocator]()
@@ -238,6 +361,8 @@ def main() -> None:
         reference_section(sizes)
     if "metadata" in sections:
         metadata_section(sizes)
+    if "base" in sections:
+        base_section(sizes, args.base)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,23 @@ def random_model_dir() -> Path:
     return embedded_model_dir(warm_start=False)
 
 
+@pytest.fixture(scope="module")
+def store():
+    """A local Ray with verl's TransferQueue for the module's tests (``verl_length_helpers``)."""
+    from tests.verl_length_helpers import local_transfer_queue
+
+    with local_transfer_queue():
+        yield
+
+
+@pytest.fixture(scope="module")
+def tokenizer(random_model_dir):
+    """The embedded model's tokenizer."""
+    from trl_length_plugin.embedded import load_tokenizer
+
+    return load_tokenizer(random_model_dir)
+
+
 @pytest.fixture(scope="session")
 def vllm_for_verl(tmp_path_factory):
     """The CPU build of vLLM made visible to verl for this session (``vllm_metadata``): on ``sys.path`` and

@@ -71,9 +71,10 @@ def test_wheel_carries_every_module(names):
 
 
 def test_wheel_carries_the_recipes(names):
-    recipes = REPO / "trl_length_plugin" / "recipes"
+    """The top-level ``recipes/`` is shipped as ``trl_length_plugin/recipes/`` (beside its module)."""
+    recipes = REPO / "recipes"
     files = {
-        p.relative_to(REPO).as_posix()
+        f"trl_length_plugin/{p.relative_to(REPO).as_posix()}"
         for p in recipes.rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }
@@ -81,7 +82,7 @@ def test_wheel_carries_the_recipes(names):
         "trl_length_plugin/recipes/trl/coefficient_cpu.yaml",
         "trl_length_plugin/recipes/verl/luspo_qwen2.5-0.5b.sh",
     } <= files
-    assert files <= names
+    assert files | {"trl_length_plugin/recipes/__init__.py"} <= names
 
 
 def test_wheel_carries_the_docs_that_readme_code_and_help_cite(names):

@@ -28,7 +28,7 @@ PAGE = (REPO / "docs" / "verl.md").read_text()
 BLOCKS = re.findall(r"```bash\n(.*?)```", PAGE, re.S)
 #: stands in for the reader's own overrides: the GSPO recipe (model, data, batch sizes, vLLM, n=8)
 #: without its loss keys
-BASE_RECIPE = REPO / "trl_length_plugin" / "recipes" / "verl" / "gspo_qwen2.5-0.5b.sh"
+BASE_RECIPE = REPO / "recipes" / "verl" / "gspo_qwen2.5-0.5b.sh"
 LOSS_KEYS = ("actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.loss_agg_mode")
 
 
@@ -69,7 +69,7 @@ def test_every_main_ppo_command_on_the_page_composes_and_validates(tmp_path, vll
     base = [o for o in recipe_overrides(BASE_RECIPE, tmp_path) if not key(o).startswith(LOSS_KEYS)]
     commands = page_commands(tmp_path / "page", base)
     expected = sum(block.count("python3 -m verl.trainer.main_ppo") for block in BLOCKS)
-    expected += sum(block.count("bash trl_length_plugin/recipes/verl/") for block in BLOCKS)
+    expected += sum(block.count("bash recipes/verl/") for block in BLOCKS)
     assert len(commands) == expected >= 8
     for overrides in commands:
         paths = [o.split("=", 1)[1] for o in overrides if re.search(r"\.(yaml|parquet)$", o)]
@@ -105,7 +105,7 @@ def test_startup_line_is_the_pages_and_follows_verls_log_level(caplog, monkeypat
     monkeypatch.delenv("VERL_LOGGING_LEVEL", raising=False)
     plugin.setLevel(logging.NOTSET)
     try:
-        make_trainer([f"+length_penalty={REPO}/trl_length_plugin/recipes/verl/length_penalty_gsm8k.yaml"])
+        make_trainer([f"+length_penalty={REPO}/recipes/verl/length_penalty_gsm8k.yaml"])
         assert plugin.level == logging.INFO
         assert line in [record.getMessage() for record in caplog.records]
     finally:

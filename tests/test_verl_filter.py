@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.verl_length_helpers import Rollout, clear, local_transfer_queue, make_trainer, put_rollouts, read
+from tests.verl_length_helpers import Rollout, clear, make_trainer, put_rollouts, read
 from trl_length_plugin.shaping import apply_length_coefficient
 from verl_adapter.length_filter import ShapedReplayBuffer
 
@@ -56,19 +56,6 @@ def groups() -> list[Rollout]:
         *(Rollout("E", 0.0, words(n)) for n in [3, 4, 5, 6]),
         *(Rollout("F", r, words(5), columns=profiled) for r in [1.0, 0.0, 0.0, 0.0]),
     ]
-
-
-@pytest.fixture(scope="module")
-def store():
-    with local_transfer_queue():
-        yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer(random_model_dir):
-    from trl_length_plugin.embedded import load_tokenizer
-
-    return load_tokenizer(random_model_dir)
 
 
 def test_group_design(tokenizer):

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("verl")
 
 from tests.test_verl_shaping import rollouts, run_advantage_step  # noqa: E402
-from tests.verl_length_helpers import local_transfer_queue, make_trainer  # noqa: E402
+from tests.verl_length_helpers import make_trainer  # noqa: E402
 from trl_length_plugin.shaping.schedule import STATE_FILE  # noqa: E402
 from verl_adapter.length_trainer import LengthShapingMixin  # noqa: E402
 
@@ -30,19 +30,6 @@ COEFFICIENT = [
     "actor_rollout_ref.rollout.n=5",
 ]
 METRIC = "length_schedule/length_penalty_coeff"
-
-
-@pytest.fixture(scope="module")
-def store():
-    with local_transfer_queue():
-        yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer(random_model_dir):
-    from trl_length_plugin.embedded import load_tokenizer
-
-    return load_tokenizer(random_model_dir)
 
 
 def shaped_step(overrides, tokenizer, step):

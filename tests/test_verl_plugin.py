@@ -1,7 +1,7 @@
 """verl finds and validates the length shaping on its own (docs/reference/product.md §1.3, §2.1, §3).
 
 - In a fresh process a bare ``import verl`` registers everything, through the ``verl.plugins`` entry point.
-- The recipes under ``trl_length_plugin/recipes/verl/`` compose with verl's own Hydra config, pass verl's config
+- The recipes under ``recipes/verl/`` compose with verl's own Hydra config, pass verl's config
   validation and the trainer's startup validation.
 - A bad length-shaping config fails when the trainer starts, naming the key: in the trainer constructor
   (what verl's TaskRunner calls before it launches any worker), and end to end through

@@ -31,19 +31,6 @@ class CutRollout(Rollout):
         return (ids[:-1], mask[:-1]) if self.cut else (ids, mask)
 
 
-@pytest.fixture(scope="module")
-def store():
-    with local_transfer_queue():
-        yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer(random_model_dir):
-    from trl_length_plugin.embedded import load_tokenizer
-
-    return load_tokenizer(random_model_dir)
-
-
 def test_overlong_and_incorrect_at_verls_call_site(store, tokenizer, tmp_path):
     items = [
         CutRollout("a", 1.0, words(2)),

@@ -1,7 +1,7 @@
 """The verl internals score centering relies on are checked when the plugin loads and fail closed with a
 clear message (verl_adapter/score_centering_host.py). Each broken host below is a stand-in: the installed
-verl with one internal monkeypatched (a changed signature, or a method whose source no longer does what
-the plugin relies on)."""
+verl with one internal monkeypatched (a changed signature, a method whose source no longer does what the
+plugin relies on, or a setup step that behaves otherwise when run on a stand-in runner)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 verl = pytest.importorskip("verl")
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker  # noqa: E402
+from verl.trainer import main_ppo  # noqa: E402
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ  # noqa: E402
 from verl.utils import ulysses  # noqa: E402
 
@@ -45,3 +46,18 @@ def test_a_manager_that_builds_its_workers_in_init_fails_closed(monkeypatch):
     monkeypatch.setattr(AgentLoopManagerTQ, "create", classmethod(create))
     with pytest.raises(ImportError, match=r"AgentLoopManagerTQ\.create \(no longer builds the workers after"):
         check_verl_internals()
+
+
+def test_a_task_runner_that_ignores_the_configured_manager_fails_closed(monkeypatch):
+    """verl's own ``init_agent_loop_manager`` is run on a stand-in runner whose config names a probe manager;
+    a TaskRunner that builds its default manager instead would never carry the heads."""
+    runner = main_ppo.TaskRunnerV1.__ray_actor_class__
+    calls = []
+    monkeypatch.setattr(runner, "init_agent_loop_manager", lambda self: calls.append(self.config))
+    with pytest.raises(
+        ImportError, match=r"TaskRunnerV1\.init_agent_loop_manager -> AgentLoopManagerTQ\.create"
+    ):
+        check_verl_internals()
+    assert len(calls) == 1 and calls[0].actor_rollout_ref.rollout.agent.agent_loop_manager_class.endswith(
+        "score_centering_host._AgentLoopManagerProbe"
+    )

@@ -31,7 +31,6 @@ from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from tests.verl_length_helpers import (
     Rollout,
     clear,
-    local_transfer_queue,
     make_trainer,
     put_rollouts,
     read,
@@ -128,19 +127,6 @@ def engine_expectation(items: list[Rollout], tokenizer, config: LengthPenaltyCon
         shaped = result.rewards
         metrics["length_penalty/coeff_penalized_frac"] = float((result.multipliers < 1).double().mean())
     return raw, shaped.double(), metrics
-
-
-@pytest.fixture(scope="module")
-def store():
-    with local_transfer_queue():
-        yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer(random_model_dir):
-    from trl_length_plugin.embedded import load_tokenizer
-
-    return load_tokenizer(random_model_dir)
 
 
 @pytest.fixture

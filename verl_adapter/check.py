@@ -30,6 +30,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from verl_adapter.setup_checks import TASK_RUNNER_CHECKS
+
 PROG = "trl-length verl-check"
 #: the config ``verl.trainer.main_ppo`` composes (its ``@hydra.main``)
 CONFIG_MODULE, CONFIG_NAME = "verl.trainer.config", "ppo_trainer"
@@ -98,7 +100,7 @@ def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
 def _quiet_import() -> None:
     """Import verl (its config module, ``validate_config``) and the checks, without verl's import-time warnings
     about engines a laptop lacks and without the ``verl.plugins`` entry points: the checks import the plugin's
-    config modules themselves, and the rest of it (the trainers, a third of the import time) is not needed."""
+    config modules themselves (``setup_checks``), and none of its registrations is needed."""
     os.environ["VERL_USE_EXTERNAL_PLUGINS"] = "none"
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
@@ -182,43 +184,11 @@ def _verl_driver(config) -> None:
         )
 
 
-def _luspo(config) -> None:
-    """``LengthShapingMixin.__init__``'s check of LUSPO's KL aggregation."""
-    from verl_adapter.luspo import check_kl_aggregation
-
-    actor = config.actor_rollout_ref.actor
-    if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
-        check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
-
-
-def _length(config) -> None:
-    """``LengthShapingMixin.__init__``'s check of the length keys."""
-    from verl_adapter.length_config import shaping_config
-
-    shaping_config(config)
-
-
-def _score_centering(config) -> None:
-    """``ScoreCenteringMixin.__init__``'s config checks (not its check of verl's vLLM server code)."""
-    from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-    from verl_adapter.score_centering_config import (
-        check_model_vocabulary,
-        resolve_settings,
-        score_centering_config,
-    )
-
-    settings = resolve_settings(config)
-    if settings is None:
-        return
-    check_model_vocabulary(config, settings)
-    if settings.mode == "adaptive-ppo-clip":
-        AdaptiveClipController.from_config(score_centering_config(config))
-
-
-#: main_ppo's driver check, then the plugin's TaskRunner checks, each run on its own so that every failing
-#: one reports; the plugin's wait until misspelt keys are fixed (their errors would follow from the typo)
+#: main_ppo's driver check, then the plugin's TaskRunner checks (the mixins' own), each run on its own so that
+#: every failing one reports; the plugin's wait until misspelt keys are fixed (their errors would follow from
+#: the typo)
 VERL_CHECKS: tuple[Callable, ...] = (_verl_driver,)
-PLUGIN_CHECKS: tuple[Callable, ...] = (_luspo, _length, _score_centering)
+PLUGIN_CHECKS: tuple[Callable, ...] = TASK_RUNNER_CHECKS
 
 
 def config_errors(config, added: set[str]) -> list[str]:

@@ -10,6 +10,9 @@ verl passes an estimator only ``token_level_rewards`` (shaped), ``response_mask`
 ``config``; the raw rewards that classify groups and the skipped rows come from the length-shaping trainer,
 which runs the estimator inside :func:`raw_scores` in the same process. Called anywhere else (the legacy
 ``RayPPOTrainer``, which never shapes) it raises instead of normalizing unshaped rewards.
+
+Importing this module registers ``length_grpo`` in verl's estimator registry; ``verl_adapter.plugin`` imports
+it right after verl imports ``verl.trainer.ppo.core_algos``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from contextvars import ContextVar
 
 import numpy as np
 import torch
+from verl.trainer.ppo import core_algos
 
 from trl_length_plugin.shaping import group_advantages
 
@@ -75,3 +79,12 @@ def compute_length_grpo_advantage(
     )
     advantages = advantage.unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+def register() -> None:
+    """``length_grpo`` in verl's estimator registry (idempotent)."""
+    if core_algos.ADV_ESTIMATOR_REGISTRY.get(LENGTH_GRPO) is not compute_length_grpo_advantage:
+        core_algos.register_adv_est(LENGTH_GRPO)(compute_length_grpo_advantage)
+
+
+register()

@@ -1,17 +1,17 @@
 """Length shaping in verl (docs/reference/length-penalties.md §2, docs/reference/length-coefficient.md §3):
 importing this module registers everything with verl.
 
-``verl_adapter.plugin`` imports it on ``import verl`` (the ``verl.plugins`` entry point), in every process.
-It
+``verl_adapter.plugin`` imports it right after verl imports ``verl.trainer.ppo.v1`` (the TaskRunner, where
+the trainer is built). It
 
 1. checks that the installed verl is 0.9.x and still has the hooks used here, failing with a clear
    message otherwise;
-2. registers the advantage estimator ``length_grpo`` (``verl_adapter.length_advantage``);
-3. puts :class:`~verl_adapter.length_trainer.LengthShapingMixin` in front of each built-in V1 trainer in
+2. puts :class:`~verl_adapter.length_trainer.LengthShapingMixin` in front of each built-in V1 trainer in
    verl's trainer registry (``sync``, ``colocate_async``, ``separate_async``), so whichever
-   ``trainer.v1.trainer_mode`` a run uses validates and applies the length keys;
-4. makes the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), which has no group-level hook, refuse a
-   config that enables length shaping instead of silently training on raw rewards (``refuse_in_legacy_trainer``).
+   ``trainer.v1.trainer_mode`` a run uses validates and applies the length keys.
+
+The legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), which has no group-level hook, refuses a config that
+enables length shaping (``verl_adapter.legacy_trainer``).
 
 See ``docs/verl.md`` for why this hook and for the config keys.
 """
@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import inspect
 
-from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-from ._host import EXPECTED, refuse_in_legacy_trainer, require_supported_verl, wrap_builtin_trainers
-from .length_advantage import compute_length_grpo_advantage
-from .length_config import LENGTH_GRPO, shaping_config
+from ._host import EXPECTED, require_supported_verl, wrap_builtin_trainers
 from .length_trainer import LengthShapingMixin
 
 #: the verl methods the length shaping overrides, with their parameters in verl 0.9.1
@@ -57,12 +54,9 @@ def check_verl_hooks() -> None:
 
 
 def register() -> None:
-    """Register ``length_grpo`` and wrap the built-in V1 trainers (idempotent)."""
-    if core_algos.ADV_ESTIMATOR_REGISTRY.get(LENGTH_GRPO) is not compute_length_grpo_advantage:
-        core_algos.register_adv_est(LENGTH_GRPO)(compute_length_grpo_advantage)
+    """Wrap the built-in V1 trainers (idempotent)."""
     wrap_builtin_trainers(LengthShapingMixin, "LengthShaping", __name__)
 
 
 check_verl_hooks()
 register()
-refuse_in_legacy_trainer("length shaping", lambda config: shaping_config(config).enabled)

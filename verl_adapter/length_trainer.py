@@ -49,7 +49,7 @@ from .length_advantage import raw_scores
 from .length_config import log_rollouts, shaping_config
 from .length_filter import SHAPED_BUFFERS, with_shaped_filter
 from .length_rollouts import RolloutShaper, ShapedRows, padded, row_lengths
-from .luspo import check_kl_aggregation
+from .setup_checks import check_luspo
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -94,9 +94,7 @@ class LengthShapingMixin:
     """Length shaping for a verl V1 ``PPOTrainer`` subclass (list it first among the bases)."""
 
     def __init__(self, config):
-        actor = config.actor_rollout_ref.actor
-        if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
-            check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
+        check_luspo(config)
         self.length_shaping = shaping_config(config)
         self.length_log_rollouts = log_rollouts(config)
         self.length_shaper = RolloutShaper(self.length_shaping, step=lambda: self.global_steps)

@@ -1,20 +1,35 @@
 """Entry point of the ``verl.plugins`` group: ``import verl`` imports this module in every process.
 
-verl swallows plugin import errors at debug level, so a failure here is logged at ERROR level with the
-traceback, kept in ``LOAD_ERRORS``, and fails closed: every verl trainer then refuses, in the TaskRunner
-before any worker starts, a config that uses one of the plugin's keys or its ``luspo`` loss, naming the
-load error, instead of training on raw rewards (docs/reference/product.md §1.5).
+It imports nothing of verl's and registers lazily (docs/reference/product.md §1.5): each of the adapter's
+registering modules is imported right after verl itself has imported the verl module it registers with
+(``REGISTRATIONS``), so a process pays for the plugin only where verl loads that part itself (the trainer
+in the TaskRunner, the losses in the actor workers), and a bare ``import verl`` stays as cheap as without
+the plugin (``bench/bench_verl_import.py``).
+
+verl swallows plugin import errors at debug level, so a failure in a registering module is logged at ERROR
+level with the traceback, kept in ``LOAD_ERRORS``, and fails closed: every verl trainer then refuses, in the
+TaskRunner before any worker starts, a config that uses one of the plugin's keys or its ``luspo`` loss,
+naming the load error, instead of training on raw rewards (docs/reference/product.md §1.5).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import logging
+import sys
 
 logger = logging.getLogger("trl_length_plugin")
 
-#: modules whose import registers something with verl
-_REGISTERING_MODULES = ("verl_adapter.luspo", "verl_adapter.length_shaping", "verl_adapter.score_centering")
+#: verl module -> the adapter modules that register with it, imported right after verl imported it
+REGISTRATIONS: dict[str, tuple[str, ...]] = {
+    # the policy loss luspo and the advantage estimator length_grpo
+    "verl.trainer.ppo.core_algos": ("verl_adapter.luspo", "verl_adapter.length_advantage"),
+    "verl.workers.utils.losses": ("verl_adapter.score_centering_loss",),  # the policy loss score_centering
+    "verl.trainer.ppo.ray_trainer": ("verl_adapter.legacy_trainer",),  # the legacy trainer's refusals
+    # the mixins in front of the V1 trainers (the package imports them all)
+    "verl.trainer.ppo.v1": ("verl_adapter.length_shaping", "verl_adapter.score_centering"),
+}
 #: top-level config keys (and their prefixes) that only this plugin understands
 PLUGIN_KEY_PREFIXES = (
     "length_penalty",
@@ -25,6 +40,8 @@ PLUGIN_KEY_PREFIXES = (
 )
 
 LOAD_ERRORS: dict[str, BaseException] = {}
+#: the verl modules of ``REGISTRATIONS`` whose registrations have run in this process
+_REGISTERED: set[str] = set()
 
 
 def plugin_features(config) -> list[str]:
@@ -38,6 +55,8 @@ def plugin_features(config) -> list[str]:
 
 def _refusing(cls: type) -> type:
     """``cls`` whose constructor refuses a config that needs the plugin (which failed to load)."""
+    if getattr(cls, "plugin_refuses", False):
+        return cls
 
     def __init__(self, config, *args, **kwargs):
         features = plugin_features(config)
@@ -50,28 +69,78 @@ def _refusing(cls: type) -> type:
             )
         cls.__init__(self, config, *args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+    namespace = {"__init__": __init__, "__module__": cls.__module__, "plugin_refuses": True}
+    return type(cls.__name__, (cls,), namespace)
 
 
 def fail_closed() -> None:
-    """Make verl's V1 trainers and its legacy trainer refuse configs that need the plugin."""
-    from verl.trainer.ppo import ray_trainer
-    from verl.trainer.ppo.v1 import trainer_base
+    """Make verl's V1 trainers and its legacy trainer, of those verl has imported, refuse configs that need
+    the plugin (idempotent)."""
+    if "verl.trainer.ppo.v1" in _REGISTERED:
+        from verl.trainer.ppo.v1 import trainer_base
 
-    registry = trainer_base.TRAINER_REGISTRY
-    for name, cls in list(registry.items()):
-        registry[name] = _refusing(cls)
-    ray_trainer.RayPPOTrainer = _refusing(ray_trainer.RayPPOTrainer)
+        registry = trainer_base.TRAINER_REGISTRY
+        for name, cls in list(registry.items()):
+            registry[name] = _refusing(cls)
+    if "verl.trainer.ppo.ray_trainer" in _REGISTERED:
+        from verl.trainer.ppo import ray_trainer
+
+        ray_trainer.RayPPOTrainer = _refusing(ray_trainer.RayPPOTrainer)
 
 
-for _name in _REGISTERING_MODULES:
-    try:
-        importlib.import_module(_name)
-    except Exception as err:  # noqa: BLE001 - reported loudly and fails closed, see module docstring
-        LOAD_ERRORS[_name] = err
-        logger.error("trl-length-plugin: could not load %s into verl: %r", _name, err, exc_info=True)
-if LOAD_ERRORS:
-    try:
-        fail_closed()
-    except Exception as err:  # noqa: BLE001 - verl itself is broken: its own imports will fail too
-        logger.error("trl-length-plugin: could not guard verl's trainers: %r", err)
+def register_with(verl_module: str) -> None:
+    """Import the adapter modules that register with ``verl_module`` (once); on a failure, fail closed."""
+    if verl_module in _REGISTERED:
+        return
+    _REGISTERED.add(verl_module)
+    for name in REGISTRATIONS[verl_module]:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - reported loudly and fails closed, see module docstring
+            LOAD_ERRORS[name] = err
+            logger.error("trl-length-plugin: could not load %s into verl: %r", name, err, exc_info=True)
+    if LOAD_ERRORS:
+        try:
+            fail_closed()
+        except Exception as err:  # noqa: BLE001 - verl itself is broken: its own imports will fail too
+            logger.error("trl-length-plugin: could not guard verl's trainers: %r", err)
+
+
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Finds a module of ``REGISTRATIONS`` with the other finders and runs :func:`register_with` right after
+    its loader has executed it (the module object and its loader stay verl's own)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in REGISTRATIONS or fullname in _REGISTERED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return None
+
+        def exec_then_register(module):
+            exec_module(module)
+            register_with(fullname)
+
+        loader.exec_module = exec_then_register
+        return spec
+
+
+def install() -> None:
+    """Register now with the verl modules already imported, and right after import with the others."""
+    if not any(isinstance(finder, _RegisterAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterAfterImport())
+    for verl_module in REGISTRATIONS:
+        if verl_module in sys.modules:
+            register_with(verl_module)
+
+
+install()

@@ -1,8 +1,8 @@
 """Score centering in verl (docs/reference/score-centering.md §5): importing this module registers
 everything with verl.
 
-``verl_adapter.plugin`` imports it on ``import verl`` (the ``verl.plugins`` entry point), in every process.
-It
+``verl_adapter.plugin`` imports it right after verl imports ``verl.trainer.ppo.v1`` (the TaskRunner, where
+the trainer is built). It
 
 1. checks that the installed verl is 0.9.x and still has every internal the integration relies on
    (``score_centering_host``; verl's vLLM server is checked when a score-centering trainer starts);
@@ -10,8 +10,10 @@ It
    user's base loss mode;
 3. puts :class:`~verl_adapter.score_centering_trainer.ScoreCenteringMixin` in front of each built-in V1
    trainer in verl's trainer registry, so whichever ``trainer.v1.trainer_mode`` a run uses validates and
-   applies the ``score_centering`` keys;
-4. makes the legacy ``RayPPOTrainer`` (``trainer.use_v1=false``) refuse a config that enables score centering.
+   applies the ``score_centering`` keys.
+
+The legacy ``RayPPOTrainer`` (``trainer.use_v1=false``) refuses a config that enables score centering
+(``verl_adapter.legacy_trainer``).
 
 See ``docs/verl.md`` ("Score centering in verl") for the keys and how the pieces fit.
 """
@@ -19,8 +21,7 @@ See ``docs/verl.md`` ("Score centering in verl") for the keys and how the pieces
 from __future__ import annotations
 
 from . import score_centering_loss  # noqa: F401 - registers the policy loss
-from ._host import refuse_in_legacy_trainer, require_supported_verl, wrap_builtin_trainers
-from .score_centering_config import score_centering_config
+from ._host import require_supported_verl, wrap_builtin_trainers
 from .score_centering_host import check_verl_internals
 from .score_centering_trainer import ScoreCenteringMixin
 
@@ -33,4 +34,3 @@ def register() -> None:
 require_supported_verl("verl_adapter.score_centering")
 check_verl_internals()
 register()
-refuse_in_legacy_trainer("score centering", lambda config: score_centering_config(config).enabled)

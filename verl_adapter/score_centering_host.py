@@ -1,11 +1,14 @@
 """Every verl internal score centering relies on, named and checked against verl 0.9.1 (docs/verl.md,
 "Score centering in verl"; the behaviour is docs/reference/score-centering.md §5).
 
-:func:`check_verl_internals` runs when the plugin loads (it imports no vLLM): the trainer, worker, engine,
-loss and agent-loop methods the integration overrides, wraps or calls, with their parameters; the engine's
-top-k logits hook and its Ulysses label roll-then-slice (which the loss's sampler fields copy); the
-TaskRunner reading ``agent.agent_loop_manager_class``, and the agent-loop manager building its workers in
-``create`` after ``__init__`` (the plugin's manager swaps the worker class in between). :func:`check_vllm_server` runs when a score-centering trainer starts, in the
+:func:`check_verl_internals` runs when the plugin registers its trainers (right after verl imports
+``verl.trainer.ppo.v1``; it imports no vLLM): the trainer, worker, engine, loss and agent-loop methods the
+integration overrides, wraps or calls, with their parameters; the engine's top-k logits hook and its Ulysses
+label roll-then-slice (which the loss's sampler fields copy); and, observed by running verl's own
+``TaskRunnerV1.init_agent_loop_manager`` on a stand-in runner and a probe manager, the TaskRunner building
+the class ``agent.agent_loop_manager_class`` names with ``create``, which builds the workers after
+``__init__`` (the plugin's manager swaps the worker class in between). :func:`check_vllm_server` runs when a
+score-centering trainer starts, in the
 TaskRunner before any worker: verl's vLLM server and replica. A mismatch raises ``ImportError`` naming the
 internal and the verl release this was written for.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from types import SimpleNamespace
 
 from ._host import EXPECTED
 
@@ -62,6 +66,49 @@ def _missing_in_source(expected: list[tuple[str, object, tuple[str, ...]]]) -> l
                 break
             start = found.end()
     return changed
+
+
+#: what the TaskRunner does with the configured manager class, in order (the plugin's manager swaps the
+#: worker class between its ``__init__`` and ``_init_agent_loop_workers``)
+_MANAGER_SETUP = ["__init__", "_init_agent_loop_workers", "assigned"]
+
+
+def _manager_setup(runner: type, base: type) -> list[str]:
+    """Run verl's own ``TaskRunnerV1.init_agent_loop_manager`` on a stand-in runner whose config names a probe
+    subclass of ``AgentLoopManagerTQ`` (no Ray, no worker): what verl called on it, in order, and
+    ``assigned`` when the runner kept the instance ``create`` built."""
+    from omegaconf import OmegaConf
+
+    calls: list[str] = []
+
+    class Probe(base):
+        def __init__(self, *args, **kwargs):
+            calls.append("__init__")
+
+        async def _init_agent_loop_workers(self):
+            calls.append("_init_agent_loop_workers")
+
+    trainer = SimpleNamespace(
+        get_llm_client=lambda: None, get_teacher_client=lambda: None, get_reward_handles=lambda: None
+    )
+    agent = {"agent_loop_manager_class": f"{__name__}.{_PROBE}"}
+    stand_in = SimpleNamespace(
+        config=OmegaConf.create({"actor_rollout_ref": {"rollout": {"agent": agent}}}), trainer=trainer
+    )
+    globals()[_PROBE] = Probe  # load_class_from_fqn imports it by name
+    try:
+        runner.init_agent_loop_manager(stand_in)
+    except Exception as err:  # noqa: BLE001 - any failure means verl's setup changed
+        return [*calls, f"raised {type(err).__name__}"]
+    finally:
+        del globals()[_PROBE]
+    manager = getattr(stand_in, "agent_loop_manager", None)
+    if inspect.iscoroutine(manager):  # a create verl no longer runs to completion
+        manager.close()
+    return [*calls, "assigned"] if isinstance(manager, Probe) else calls
+
+
+_PROBE = "_AgentLoopManagerProbe"
 
 
 def check_verl_internals() -> None:
@@ -124,16 +171,6 @@ def check_verl_internals() -> None:
     changed += _missing_in_source(
         [
             (
-                "TaskRunnerV1.init_agent_loop_manager (no longer loads agent.agent_loop_manager_class)",
-                getattr(runner, "init_agent_loop_manager", None),
-                (r"get\(\"agent_loop_manager_class\"\)", r"load_class_from_fqn\(", r"\.create\("),
-            ),
-            (
-                "AgentLoopManagerTQ.create (no longer builds the workers after __init__)",
-                agent_loop_tq.AgentLoopManagerTQ.create,
-                (r"cls\(\*args, \*\*kwargs\)", r"_init_agent_loop_workers\(\)"),
-            ),
-            (
                 "AgentLoopManager._init_agent_loop_workers (no longer builds self.agent_loop_workers_class)",
                 AgentLoopManager._init_agent_loop_workers,
                 (r"self\.agent_loop_workers_class\.options\(",),
@@ -148,6 +185,11 @@ def check_verl_internals() -> None:
             ),
         ]
     )
+    if runner is not None and _manager_setup(runner, agent_loop_tq.AgentLoopManagerTQ) != _MANAGER_SETUP:
+        changed.append(
+            "TaskRunnerV1.init_agent_loop_manager -> AgentLoopManagerTQ.create (no longer builds the workers after "
+            "__init__ of the class agent.agent_loop_manager_class names)"
+        )
     hook = inspect.getsource(FSDPEngineWithLMHead.prepare_model_outputs)
     if not all(
         marker in hook for marker in ("distillation_use_topk", "distillation_only", "student_logits=")

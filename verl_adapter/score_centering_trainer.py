@@ -32,19 +32,18 @@ from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from trl_length_plugin.losses.adaptive_controller import STATE_FILE, AdaptiveClipController
+from trl_length_plugin.losses.adaptive_controller import STATE_FILE
 from trl_length_plugin.shaping.settings import score_centering_settings_line
 
 from ._host import resumed_checkpoint_folder
 from .score_centering_config import (
     LOSS_MODE,
-    check_model_vocabulary,
     prepare_config,
-    resolve_settings,
     score_centering_config,
 )
 from .score_centering_host import check_vllm_server
 from .score_centering_loss import ADAPTIVE_K, CLIPPED, HOOK_FLAGS, POSITIVE, score_centering_ppo_loss
+from .setup_checks import score_centering_setup
 
 logger = logging.getLogger("trl_length_plugin")
 METRIC_PREFIX = "actor/score_centering/"
@@ -69,17 +68,11 @@ class ScoreCenteringMixin:
     """Score centering for a verl V1 ``PPOTrainer`` subclass (list it first among the bases)."""
 
     def __init__(self, config):
-        self.score_centering = resolve_settings(config)
-        self.score_centering_controller = None
+        self.score_centering, self.score_centering_controller = score_centering_setup(config)
         if self.score_centering is not None:
-            check_model_vocabulary(config, self.score_centering)
             register_capturing_replica()
             prepare_config(config, self.score_centering)
             self._score_centering_actor = worker_actor_config(config)
-            if self.score_centering.mode == "adaptive-ppo-clip":
-                self.score_centering_controller = AdaptiveClipController.from_config(
-                    score_centering_config(config)
-                )
             summary = self.score_centering.summary()
             logger.info("%s", score_centering_settings_line(score_centering_config(config), summary))
         super().__init__(config)

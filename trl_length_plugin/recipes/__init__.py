@@ -1,7 +1,8 @@
 """The recipes shipped with the package: ``trl/NAME.yaml`` for ``trl-length-grpo`` and ``verl/`` scripts.
 
-``trl-length-grpo --config recipe:NAME`` runs ``trl/NAME.yaml``; ``trl-length recipes`` lists every recipe
-with its path.
+In the repository they live in the top-level ``recipes/`` (``trl/`` and ``verl/`` here are links to it,
+docs/reference/product.md §1.1); the wheel carries a copy here. ``trl-length-grpo --config recipe:NAME`` runs
+``trl/NAME.yaml``; ``trl-length recipes`` lists every recipe with its path.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-RECIPES_DIR = Path(__file__).resolve().parent
+#: the folder holding ``trl/`` and ``verl/``: the top-level ``recipes/`` of a checkout, this package's in a wheel
+RECIPES_DIR = (Path(__file__).resolve().parent / "trl").resolve().parent
 PREFIX = "recipe:"
 
 

@@ -340,7 +340,12 @@ def _targets(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _unknown_channels(blocks: list[Any]) -> np.ndarray:
-    """(n,) flags: a band mapping with a key other than the three channel names."""
+    """(n,) flags: a band mapping with a key other than the three channel names (dicts and None: one C-level
+    pass over the keys when none is unknown)."""
+    if set(map(type, blocks)) <= {dict, type(None)}:
+        given = list(compress(blocks, _given(blocks)))
+        if set(chain.from_iterable(given)) <= _BAND_KEYS:
+            return np.zeros(len(blocks), dtype=bool)
     return np.fromiter(
         (isinstance(b, Mapping) and not b.keys() <= _BAND_KEYS for b in blocks), dtype=bool, count=len(blocks)
     )

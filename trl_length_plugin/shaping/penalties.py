@@ -266,7 +266,7 @@ def _row_metrics(
     rewards, processed = env.double(), out["processed"]
 
     def rows(groups: torch.Tensor) -> torch.Tensor:
-        return groups[layout.gid].double()
+        return groups.double().index_select(0, layout.gid)
 
     scored = ~kinds.missing
     return {

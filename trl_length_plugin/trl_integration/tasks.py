@@ -1,4 +1,4 @@
-"""GSM8K helpers for the real-model recipes (``trl_length_plugin/recipes/trl``): a prompt mapping and a binary reward.
+"""GSM8K helpers for the real-model recipes (``recipes/trl``): a prompt mapping and a binary reward.
 
 Used by dotted path from a recipe: ``dataset_map: trl_length_plugin.trl_integration.tasks.gsm8k_prompt``
 and ``reward_funcs: [trl_length_plugin.trl_integration.tasks.gsm8k_correctness]``.

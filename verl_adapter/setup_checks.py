@@ -1,0 +1,44 @@
+"""The plugin's checks of a verl config at setup: what the mixins' ``__init__`` run in verl's TaskRunner when
+the trainer is built, before any worker starts, and what ``trl-length verl-check`` runs on a laptop
+(``TASK_RUNNER_CHECKS``): LUSPO's KL aggregation (docs/reference/luspo.md §4.1), the length keys
+(docs/reference/length-penalties.md §2.1, docs/reference/length-coefficient.md §3) and score centering's
+keys, K against the model's vocabulary and the adaptive controller's keys (docs/reference/score-centering.md
+§5.5, §5.7, §5.8). Each check imports only config readers, no trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .length_config import shaping_config
+
+
+def check_luspo(config) -> None:
+    """With ``loss_mode=luspo``, LUSPO's KL aggregation against the actor's ``loss_agg_mode``."""
+    from .luspo import check_kl_aggregation
+
+    actor = config.actor_rollout_ref.actor
+    if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
+        check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
+
+
+def score_centering_setup(config):
+    """(settings, adaptive controller) of the ``score_centering`` keys, checked: (None, None) when off; the
+    controller is None unless the mode is adaptive-ppo-clip."""
+    from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
+
+    from .score_centering_config import check_model_vocabulary, resolve_settings, score_centering_config
+
+    settings = resolve_settings(config)
+    if settings is None:
+        return None, None
+    check_model_vocabulary(config, settings)
+    controller = None
+    if settings.mode == "adaptive-ppo-clip":
+        controller = AdaptiveClipController.from_config(score_centering_config(config))
+    return settings, controller
+
+
+#: every check, in the order the mixins run them (each on its own in ``verl-check``, so each failing one
+#: reports)
+TASK_RUNNER_CHECKS: tuple[Callable, ...] = (check_luspo, shaping_config, score_centering_setup)
