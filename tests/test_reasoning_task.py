@@ -34,7 +34,14 @@ def test_necessary_steps_of_a_question():
     assert shortest_completion(Q) == "<think>3+5=8, 8-2=6, 6+1=7</think>7"
     assert question_of(necessary_steps(Q)) == Q
     assert necessary_steps(Q + " Think for 20 tokens.") == necessary_steps(Q)  # an instruction after it
-    for bad in ("What is 3?", "What is 3*4?", "what is 3+4?", "What is 3+4", "What is 3 + 4?", "What is 3+4?x"):
+    for bad in (
+        "What is 3?",
+        "What is 3*4?",
+        "what is 3+4?",
+        "What is 3+4",
+        "What is 3 + 4?",
+        "What is 3+4?x",
+    ):
         with pytest.raises(ValueError, match="question"):
             necessary_steps(bad)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.test_verl_shaping import run_advantage_step, words
-from tests.verl_length_helpers import Rollout, local_transfer_queue, make_trainer, read
+from tests.verl_length_helpers import Rollout, make_trainer, read
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, measure_lengths, shape_rollouts
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@
 #
 # Data, once (verl's docs; from a verl checkout):
 #   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
-# Run:   bash trl_length_plugin/recipes/verl/grpo_length_coeff_qwen2.5-0.5b.sh [extra Hydra overrides]
+# Run:   bash recipes/verl/grpo_length_coeff_qwen2.5-0.5b.sh [extra Hydra overrides]
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}

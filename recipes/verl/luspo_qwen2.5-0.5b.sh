@@ -8,7 +8,7 @@
 #
 # Data, once (verl's docs; from a verl checkout):
 #   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
-# Run:   bash trl_length_plugin/recipes/verl/luspo_qwen2.5-0.5b.sh [extra Hydra overrides]
+# Run:   bash recipes/verl/luspo_qwen2.5-0.5b.sh [extra Hydra overrides]
 # Twin:  gspo_qwen2.5-0.5b.sh (only loss_mode, loss_agg_mode and the run name differ).
 set -euo pipefail
 
