@@ -13,12 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_length_plugin.losses.score_centering import (
+from trl_length_plugin.score_centering.estimator import (
     compute_score_centering_term,
     score_centering_metrics,
     score_centering_token_metrics,
 )
-from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 
 MODES = ("off", "is", "tis", "icepop", "adaptive-ppo-clip")
 BOUNDS = (0.8, 1.25)

@@ -30,19 +30,19 @@ from tests.trl_length_helpers import MODES, K, sc_config, tiny_config  # noqa: E
 from tests.verl_score_centering_helpers import MODES as VERL_MODES  # noqa: E402
 from tests.verl_score_centering_helpers import composed  # noqa: E402
 from trl_length_plugin.embedded import correctness_reward  # noqa: E402
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController  # noqa: E402
-from trl_length_plugin.losses.score_centering import compute_score_centering_term  # noqa: E402
-from trl_length_plugin.losses.score_centering_config import (  # noqa: E402
+from trl_length_plugin.score_centering.capture import validate_score_centering_request  # noqa: E402
+from trl_length_plugin.score_centering.config import (  # noqa: E402
     ScoreCenteringConfig,
     adaptive_ppo_clip_bounds,
     check_engine_cap,
     check_is_bounds,
     sampling_filter_error,
 )
+from trl_length_plugin.score_centering.controller import AdaptiveClipController  # noqa: E402
+from trl_length_plugin.score_centering.estimator import compute_score_centering_term  # noqa: E402
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer  # noqa: E402
 from trl_length_plugin.trl_integration.score_centering import _sampling  # noqa: E402
 from trl_length_plugin.trl_integration.vllm_topk import colocate_engine_kwargs  # noqa: E402
-from trl_length_plugin.vllm_capture import validate_score_centering_request  # noqa: E402
 from verl_adapter.score_centering_config import (  # noqa: E402
     check_model_vocabulary,
     prepare_config,

@@ -10,15 +10,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-from trl_length_plugin.losses.score_centering import sampled_token_weights
-from trl_length_plugin.losses.score_centering_config import ScoreCenteringConfig
-from trl_length_plugin.vllm_capture import (
+from trl_length_plugin.score_centering.capture import (
     ScoreCenteringCaptureError,
     extract_listed_score_centering_samples,
     extract_sampled_token_logprobs,
     extract_score_centering_samples,
 )
+from trl_length_plugin.score_centering.config import ScoreCenteringConfig
+from trl_length_plugin.score_centering.controller import AdaptiveClipController
+from trl_length_plugin.score_centering.estimator import sampled_token_weights
 
 
 @pytest.mark.parametrize(

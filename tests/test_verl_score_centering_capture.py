@@ -26,7 +26,7 @@ pytest.importorskip("vllm")
 from omegaconf import OmegaConf  # noqa: E402
 
 from tests.verl_score_centering_helpers import composed  # noqa: E402
-from trl_length_plugin.vllm_capture import (  # noqa: E402
+from trl_length_plugin.score_centering.capture import (  # noqa: E402
     ScoreCenteringCaptureError,
     extract_sampled_token_logprobs,
     extract_score_centering_samples,

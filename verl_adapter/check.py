@@ -147,7 +147,7 @@ def added_keys(overrides: list[str]) -> set[str]:
 
 def plugin_keys() -> tuple[str, ...]:
     """Every top-level key the plugin reads in verl (``drop_zero_std_groups`` gets its own pointer)."""
-    from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS
+    from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
     from verl_adapter.length_config import LOG_ROLLOUTS, VERL_KEYS
 
     return (*VERL_KEYS, LOG_ROLLOUTS, *SCORE_CENTERING_KEYS, "drop_zero_std_groups")
@@ -200,7 +200,7 @@ def _length(config) -> None:
 
 def _score_centering(config) -> None:
     """``ScoreCenteringMixin.__init__``'s config checks (not its check of verl's vLLM server code)."""
-    from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
+    from trl_length_plugin.score_centering.controller import AdaptiveClipController
     from verl_adapter.score_centering_config import (
         check_model_vocabulary,
         resolve_settings,

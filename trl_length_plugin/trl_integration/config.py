@@ -18,7 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pydantic import ValidationError
 from trl import GRPOConfig
 
-from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
+from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
 from trl_length_plugin.shaping.config import (
     DEFAULT_REASONING_TAGS,
     SHAPING_KEYS,

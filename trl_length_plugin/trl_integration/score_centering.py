@@ -11,8 +11,12 @@ alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, i
 3. ``_compute_loss``: for ``is`` and ``adaptive-ppo-clip`` the sampled-token importance weights of the mode
    replace TRL's (from the batch's final advantages); the trainer's logprobs at the K ids come from the
    loss's own forward (``topk_head``); ``A * C`` is masked and normalized like the base loss
-   (``loss_aggregation.aggregate``); the metrics of §5.6; the adaptive controller's counts, its step at each
-   optimizer step, its state in checkpoints.
+   (``loss_aggregation.aggregate``); C and the metrics of §5.6 from one head computation
+   (``score_centering_outputs``); the adaptive controller's counts, its step at each optimizer step, its
+   state in checkpoints.
+
+Every rule lives in the core (``trl_length_plugin.score_centering``); this module translates TRL's keys,
+batch and hooks.
 """
 
 from __future__ import annotations
@@ -25,29 +29,30 @@ from dataclasses import dataclass
 
 import torch
 
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-from trl_length_plugin.losses.score_centering import (
-    compute_score_centering_term,
-    sampled_token_weights_from_logprobs,
-    score_centering_metrics,
-)
-from trl_length_plugin.losses.score_centering_config import (
+from trl_length_plugin.score_centering.capture import check_sampling_settings
+from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
+    HostWeights,
     ScoreCenteringPlanBase,
-    adaptive_ppo_clip_bounds,
     check_clip_keys,
     check_clip_range,
     check_engine_cap,
     check_is_bounds,
-    check_top_k_vocabulary,
+    check_model_vocabulary,
+    check_sampling_filters,
     refuse_sequence_ratio,
-    sampling_filter_error,
+    resolve_mode,
+)
+from trl_length_plugin.score_centering.controller import AdaptiveClipController
+from trl_length_plugin.score_centering.estimator import (
+    batch_means,
+    plan_sampled_token_weights,
+    score_centering_outputs,
 )
 from trl_length_plugin.shaping.settings import score_centering_settings_line
 from trl_length_plugin.trl_integration import vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
-from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
@@ -80,15 +85,11 @@ def _sampling(args) -> dict:
     return {name: kwargs.get(name, getattr(args, name)) for name in names}
 
 
-def check_sampling_filters(args) -> None:
+def check_trl_sampling_filters(args) -> None:
     """TRL's sampling filters and their ``generation_kwargs`` overrides in vLLM's ranges, with or without score
     centering (reference §5.2): a NaN or out-of-range value would fail only in vLLM, after the model loads."""
-    kwargs = args.generation_kwargs or {}
-    for name in SAMPLING_FILTER_RULES:
-        for key, value in ((name, getattr(args, name)), (f"generation_kwargs.{name}", kwargs.get(name))):
-            error = sampling_filter_error(name, value)
-            if error is not None:
-                raise ValueError(f"{key}: {error}")
+    own = {name: getattr(args, name) for name in SAMPLING_FILTER_RULES}
+    check_sampling_filters({"": own, "generation_kwargs.": args.generation_kwargs or {}})
 
 
 def _check_token_ratio(args) -> None:
@@ -101,9 +102,9 @@ def _check_token_ratio(args) -> None:
         refuse_sequence_ratio("importance_sampling_level: 'sequence'")
 
 
-def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
-    """The mode, its bounds and the outer bound from TRL's importance-sampling keys (reference §5.5, §5.7)."""
-    wanted = config.score_centering_importance_sampling
+def _host_weights(args) -> HostWeights:
+    """TRL's importance-sampling keys in the plugin's terms (reference §5.5, §5.7): the correction off gives
+    ``off``; on, its token-level mode gives tis or icepop, and the plugin's weights replace TRL's ratio."""
     correction, trl_mode = args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode
     if trl_mode not in TRL_IS_MODES:
         close = difflib.get_close_matches(str(trl_mode).lower(), TRL_IS_MODES, n=1)
@@ -117,45 +118,37 @@ def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
             "a token-level mode: set vllm_importance_sampling_mode: token_truncate (tis) or token_mask (icepop), "
             "or vllm_importance_sampling_correction: false (off)"
         )
-    derived = TOKEN_MODES.get(trl_mode) if correction else "off"
-    mode = derived if wanted == "auto" else wanted
-    if mode == "off" and correction:
-        raise ValueError(
-            "score_centering_importance_sampling: 'off' needs vllm_importance_sampling_correction: false "
-            "(TRL would weight the base loss)"
-        )
-    if mode != "off" and not correction:
-        raise ValueError(
-            f"score_centering_importance_sampling: {mode!r} needs vllm_importance_sampling_correction: true "
-            "(with a token-level vllm_importance_sampling_mode)"
-        )
-    if mode in ("tis", "icepop") and mode != derived:
-        raise ValueError(
-            f"score_centering_importance_sampling: {mode!r} needs vllm_importance_sampling_mode: "
-            f"{'token_truncate' if mode == 'tis' else 'token_mask'}, got {trl_mode!r}"
-        )
-    if mode in ("tis", "icepop"):
+
+    def needs(mode: str) -> str:
+        if mode == "off":
+            return "needs vllm_importance_sampling_correction: false (TRL would weight the base loss)"
+        if not correction:
+            return "needs vllm_importance_sampling_correction: true (with a token-level vllm_importance_sampling_mode)"
+        wanted = next(name for name, value in TOKEN_MODES.items() if value == mode)
+        return f"needs vllm_importance_sampling_mode: {wanted}, got {trl_mode!r}"
+
+    def bounds(mode: str) -> tuple[float, float]:
         low, high = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
         if high is None or (isinstance(high, float) and not math.isfinite(high)):
             raise ValueError(
                 f"vllm_importance_sampling_clip_max: {mode} needs a finite upper bound, got {high}"
             )
-        bounds = check_is_bounds(
-            0.0 if low is None else low,
-            high,
-            "vllm_importance_sampling_clip_min",
-            "vllm_importance_sampling_clip_max",
-        )
-        return mode, bounds, None
-    if mode == "adaptive-ppo-clip":
-        high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-        return mode, *adaptive_ppo_clip_bounds(config, args.epsilon, high, "epsilon", "epsilon_high")
-    return mode, None, None
+        low_key, high_key = "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max"
+        return check_is_bounds(0.0 if low is None else low, high, low_key, high_key)
+
+    high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    return HostWeights(
+        derived=TOKEN_MODES[trl_mode] if correction else "off",
+        carries_written=bool(correction),
+        needs=needs,
+        bounds=bounds,
+        clip=(args.epsilon, high, "epsilon", "epsilon_high"),
+    )
 
 
 def resolve_plan(args) -> ScoreCenteringPlan | None:
     """Check the config and resolve the plan (None when score centering is off); every error names a key."""
-    check_sampling_filters(args)
+    check_trl_sampling_filters(args)
     config = args.score_centering_config
     if not config.enabled:
         return None
@@ -177,25 +170,9 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
     captured = sorted(set(args.generation_kwargs or {}) & set(CAPTURE_KWARGS))
     if captured:
         raise ValueError(f"generation_kwargs.{captured[0]}: score centering sets what vLLM returns; drop it")
-    sampling = _sampling(args)
-    top_p, min_p, top_k_filter = sampling["top_p"], sampling["min_p"] or 0.0, sampling["top_k"] or 0
-    replay = top_k_filter > 0 or top_p < 1.0 or min_p > 0.0
-    filters = (
-        f"top_k: sampling filters need sampler replay, whose head must hold the kept set: set top_k between 1 "
-        f"and score_centering_top_k={top_k} (top_p and min_p only shrink it), got top_k={top_k_filter}"
-    )
-    request = {"logprobs": top_k, **{name: value for name, value in sampling.items() if value is not None}}
-    try:  # the core's request rules; TRL's keys in the message
-        validate_score_centering_request(request, top_k, sampler_replay=replay)
-    except ScoreCenteringCaptureError as err:
-        if err.check != "temperature":
-            raise ValueError(filters) from None
-        raise ValueError(
-            f"temperature: score centering needs a positive finite temperature, got {sampling['temperature']}"
-        ) from None
-    if replay and not 1 <= top_k_filter <= top_k:
-        raise ValueError(filters)
-    mode, bounds, outer = _mode(args, config)
+    keys = {name: name for name in ("temperature", "top_k", "top_p", "min_p")}
+    replay = check_sampling_settings(_sampling(args), top_k, keys, replay_supported=True)
+    mode, bounds, outer = resolve_mode(config, _host_weights(args))
     if config.force_on_policy_ratio:
         accumulation, per_generation = args.gradient_accumulation_steps, args.steps_per_generation
         if args.num_iterations != 1 or accumulation % per_generation:
@@ -206,21 +183,6 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
                 f"gradient_accumulation_steps={accumulation})"
             )
     return ScoreCenteringPlan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay=replay)
-
-
-def _vocabulary_size(model, init_kwargs: dict) -> int | None:
-    """The model's vocabulary size before its weights load: from its config (for a path or Hub name, only
-    ``config.json`` is read); None when no config can be read (loading the model then fails on its own)."""
-    config = getattr(model, "config", None)
-    if isinstance(model, str):
-        from transformers import AutoConfig
-
-        options = {key: init_kwargs[key] for key in ("revision", "trust_remote_code") if key in init_kwargs}
-        try:
-            config = AutoConfig.from_pretrained(model, **options)
-        except (OSError, ValueError):
-            return None
-    return getattr(config.get_text_config(), "vocab_size", None) if config is not None else None
 
 
 class ScoreCenteringMixin:
@@ -239,9 +201,8 @@ class ScoreCenteringMixin:
                     f"score_centering: {name} is not supported (the sampler's head comes from vLLM)"
                 )
         init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else {}
-        vocab_size = _vocabulary_size(model, init_kwargs)
-        if vocab_size is not None:
-            check_top_k_vocabulary(self._score_plan.top_k, vocab_size)
+        options = {key: init_kwargs[key] for key in ("revision", "trust_remote_code") if key in init_kwargs}
+        check_model_vocabulary(self._score_plan.top_k, model, **options)
 
     def _install_score_centering(self) -> None:
         """After ``GRPOTrainer.__init__``: capture, the top-k head, the server check, the controller."""
@@ -340,15 +301,14 @@ class ScoreCenteringMixin:
     def _sampled_token_weights(self, inputs: dict) -> torch.Tensor:
         """The sampled-token weights of ``is`` / ``adaptive-ppo-clip`` from TRL's old and sampler logprobs (the
         ratio TRL computes, before its own truncation)."""
-        plan, advantages = self._score_plan, inputs["advantages"]
-        return sampled_token_weights_from_logprobs(
+        advantages = inputs["advantages"]
+        return plan_sampled_token_weights(
+            self._score_plan,
+            self._adaptive_k,
             inputs["old_per_token_logps"],
             inputs["sampling_per_token_logps"],
             inputs["completion_mask"] * inputs.get("tool_mask", 1),
-            plan.mode,
-            plan.bounds_at(self._adaptive_k),
             advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
-            plan.outer_bound,
         )
 
     # -- the forward --------------------------------------------------------------------------------------
@@ -394,24 +354,20 @@ class ScoreCenteringMixin:
 
     def _centering_loss(self, inputs) -> torch.Tensor:
         """``A * C`` of this micro-batch with the base loss's masks and normalization; logs the metrics."""
-        plan, topk = self._score_plan, self._loss_topk
+        plan = self._score_plan
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-        bounds = plan.bounds_at(self._adaptive_k)
-        term = compute_score_centering_term(
-            topk,
+        outputs = score_centering_outputs(
+            plan,
+            self._adaptive_k,
+            self._loss_topk,
             sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
-            importance_sampling_mode=plan.mode,
-            is_bounds=bounds,
             token_mask=mask.bool(),
+            advantages=advantages,
             sampler_replay=plan.replay,
-            adaptive_ppo_clip_advantages=advantages.expand_as(mask)
-            if plan.mode == "adaptive-ppo-clip"
-            else None,
-            adaptive_ppo_clip_outer_bound=plan.outer_bound,
         )
-        per_token = advantages * term.correction * self._sample_masks(inputs, mask, advantages)
+        per_token = advantages * outputs.correction * self._sample_masks(inputs, mask, advantages)
         training = self.model.training
         loss = aggregate(
             per_token,
@@ -424,7 +380,7 @@ class ScoreCenteringMixin:
             steps_per_generation=self.args.steps_per_generation,
             max_completion_length=self.max_completion_length,
         )
-        self._log_score_centering(inputs, term.correction, mask, advantages, training)
+        self._log_score_centering(inputs, outputs.token_metrics, mask, advantages, training)
         return loss
 
     def _sample_masks(self, inputs, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor | float:
@@ -444,30 +400,22 @@ class ScoreCenteringMixin:
             )
         return masks
 
-    def _log_score_centering(self, inputs, correction, mask, advantages, training: bool) -> None:
+    def _log_score_centering(self, inputs, token_metrics, mask, advantages, training: bool) -> None:
         mode = "train" if training else "eval"
-        metrics = score_centering_metrics(
-            self._loss_topk,
-            sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
-            correction=correction,
-            token_mask=mask.bool(),
-            sampler_replay=self._score_plan.replay,
-        )
-        for key, value in metrics.items():
+        for key, value in batch_means(token_metrics, mask).items():
             self._metrics[mode][key].append(self.accelerator.gather(value).nanmean().item())
         if self._controller is None or not training:
             return
-        ratio = (self._loss_logps.detach() - inputs["sampling_per_token_logps"]).nan_to_num(0.0).exp()
         upper = self._score_plan.bounds_at(self._adaptive_k)[1]
-        counts = self._controller.counts(ratio, advantages.expand_as(mask), mask, upper)
+        counts = self._controller.counts_from_logprobs(
+            self._loss_logps, inputs["sampling_per_token_logps"], advantages, mask, upper
+        )
         self._controller.accumulate(self.accelerator.reduce(counts, reduction="sum"))
         if (
             self.accelerator.sync_gradients
         ):  # the step's last micro-batch: one controller step per optimizer step
-            self._metrics[mode]["score_centering/adaptive_clip_frac"].append(self._controller.step())
-            self._metrics[mode]["score_centering/adaptive_k"].append(
-                self._controller.k
-            )  # after the step (§5.6)
+            for key, value in self._controller.step_metrics().items():
+                self._metrics[mode][key].append(value)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
@@ -483,4 +431,4 @@ class ScoreCenteringMixin:
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._controller is not None and checkpoint is not None:
-            self._controller.load(checkpoint)
+            self._controller.restore(checkpoint)
