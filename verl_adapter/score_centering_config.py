@@ -36,8 +36,7 @@ from trl_length_plugin.score_centering.config import (
     HostWeights,
     ScoreCenteringConfig,
     ScoreCenteringPlanBase,
-    check_clip_keys,
-    check_clip_range,
+    check_base_clip,
     check_engine_cap,
     check_is_bounds,
     engine_logprob_cap,
@@ -143,6 +142,20 @@ def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
     return ("tis", bounds) if lower is None else ("icepop", bounds)
 
 
+def _clip(actor: DictConfig) -> tuple[float, float, str, str]:
+    """The actor's clip in effect ``(low, high, low_key, high_key)``: ``clip_ratio_low`` / ``clip_ratio_high``,
+    each ``clip_ratio`` when unset."""
+    key = "actor_rollout_ref.actor.clip_ratio"
+    clip = actor.get("clip_ratio", 0.2)
+    low, low_key = (
+        (clip, key) if actor.get("clip_ratio_low") is None else (actor.clip_ratio_low, f"{key}_low")
+    )
+    high, high_key = (
+        (clip, key) if actor.get("clip_ratio_high") is None else (actor.clip_ratio_high, f"{key}_high")
+    )
+    return low, high, low_key, high_key
+
+
 def _host_weights(config: DictConfig) -> HostWeights:
     """verl's ``algorithm.rollout_correction`` in the plugin's terms (reference §5.5, §5.7, §5.8): its token
     weights give off, tis or icepop; the plugin's own weights need it off (``rollout_is=null``)."""
@@ -162,20 +175,12 @@ def _host_weights(config: DictConfig) -> HostWeights:
             f"which verl turns into {derived})"
         )
 
-    actor, key = config.actor_rollout_ref.actor, "actor_rollout_ref.actor.clip_ratio"
-    clip = actor.get("clip_ratio", 0.2)
-    low, low_key = (
-        (clip, key) if actor.get("clip_ratio_low") is None else (actor.clip_ratio_low, f"{key}_low")
-    )
-    high, high_key = (
-        (clip, key) if actor.get("clip_ratio_high") is None else (actor.clip_ratio_high, f"{key}_high")
-    )
     return HostWeights(
         derived=derived,
         carries_written=derived == "off",
         needs=needs,
         bounds=lambda _mode: bounds,
-        clip=(low, high, low_key, high_key),
+        clip=_clip(config.actor_rollout_ref.actor),
     )
 
 
@@ -261,15 +266,9 @@ def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str,
     base = (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
     if base in SEQUENCE_RATIO_LOSS_MODES:
         refuse_sequence_ratio(f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}")
-    check_clip_keys({f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS})
-    if shared.score_centering_importance_sampling != "adaptive-ppo-clip":
-        low, high = (name if actor.get(name) is not None else "clip_ratio" for name in CLIP_KEYS[1:])
-        check_clip_range(
-            actor.get(low),
-            actor.get(high),
-            f"actor_rollout_ref.actor.{low}",
-            f"actor_rollout_ref.actor.{high}",
-        )
+    *_, low_key, high_key = _clip(actor)
+    clip = {f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS}
+    check_base_clip(shared, clip, low_key, high_key)
     if base not in BASE_LOSS_AGGREGATION:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "

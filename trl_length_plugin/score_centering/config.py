@@ -149,6 +149,18 @@ def check_clip_range(low: float, high: float, low_key: str, high_key: str) -> No
         )
 
 
+def check_base_clip(
+    config: ScoreCenteringConfig, values: Mapping[str, float | None], low_key: str, high_key: str
+) -> None:
+    """The base loss's clip keys under score centering (reference §5.5): ``values`` (the host's keys, None:
+    unset) finite, the keys in effect (``low_key``, ``high_key``) set, and their clip range not empty, except
+    under adaptive-ppo-clip, whose rule is :func:`adaptive_ppo_clip_bounds`."""
+    check_clip_keys(values)
+    low, high = _finite(values[low_key], low_key), _finite(values[high_key], high_key)
+    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
+        check_clip_range(low, high, low_key, high_key)
+
+
 def check_top_k_vocabulary(top_k: int, vocab_size: int) -> None:
     """K is at most the model's vocabulary size (reference §5.5); checked when the host knows the model."""
     if top_k > vocab_size:

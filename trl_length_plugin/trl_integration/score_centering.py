@@ -34,8 +34,7 @@ from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
     HostWeights,
     ScoreCenteringPlanBase,
-    check_clip_keys,
-    check_clip_range,
+    check_base_clip,
     check_engine_cap,
     check_is_bounds,
     check_model_vocabulary,
@@ -154,10 +153,9 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
         return None
     top_k = config.score_centering_top_k
     _check_token_ratio(args)
-    check_clip_keys({"epsilon": args.epsilon, "epsilon_high": args.epsilon_high})
-    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
-        high_key = "epsilon" if args.epsilon_high is None else "epsilon_high"
-        check_clip_range(args.epsilon, getattr(args, high_key), "epsilon", high_key)
+    high_key = "epsilon" if args.epsilon_high is None else "epsilon_high"
+    clip = {"epsilon": args.epsilon, "epsilon_high": args.epsilon_high}
+    check_base_clip(config, clip, "epsilon", high_key)
     check_engine_cap(
         (args.vllm_engine_kwargs or {}).get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
     )
