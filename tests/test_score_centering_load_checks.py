@@ -42,7 +42,7 @@ from trl_length_plugin.score_centering.config import (  # noqa: E402
 from trl_length_plugin.score_centering.controller import AdaptiveClipController  # noqa: E402
 from trl_length_plugin.score_centering.estimator import compute_score_centering_term  # noqa: E402
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer  # noqa: E402
-from trl_length_plugin.trl_integration.score_centering import _sampling  # noqa: E402
+from trl_length_plugin.trl_integration.score_centering_plan import _sampling  # noqa: E402
 from trl_length_plugin.trl_integration.vllm_topk import colocate_engine_kwargs  # noqa: E402
 from verl_adapter.score_centering_config import (  # noqa: E402
     check_model_vocabulary,

@@ -124,7 +124,7 @@ class Recorder(LengthPluginGRPOTrainer):
 
     def _centering_loss(self, inputs):
         loss = super()._centering_loss(inputs)
-        self.losses.append((dict(inputs), self._loss_topk.detach().clone(), loss.detach()))
+        self.losses.append((dict(inputs), self._centering.topk.detach().clone(), loss.detach()))
         return loss
 
 

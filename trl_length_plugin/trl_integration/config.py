@@ -28,6 +28,7 @@ from trl_length_plugin.shaping.config import (
     config_error,
     load_shaping_config,
 )
+from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan
 from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
@@ -220,8 +221,6 @@ class LengthPluginGRPOConfig(GRPOConfig):
 
             apply_luspo_defaults(self, _EXPLICIT_KEYS.get())
         super().__post_init__()
-        from trl_length_plugin.trl_integration.score_centering import resolve_plan
-
         self.score_centering_plan = resolve_plan(self)
         if self.vllm_engine_kwargs and self.vllm_mode != "colocate":
             raise ValueError(
