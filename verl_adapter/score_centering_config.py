@@ -25,7 +25,6 @@ import math
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, open_dict
-from pydantic import ValidationError
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
 from trl_length_plugin.score_centering import config as core
@@ -40,10 +39,10 @@ from trl_length_plugin.score_centering.config import (
     check_engine_cap,
     check_is_bounds,
     engine_logprob_cap,
+    load_score_centering_config,
     refuse_sequence_ratio,
     resolve_mode,
 )
-from trl_length_plugin.shaping.config import config_error, did_you_mean
 
 from .length_config import _plain
 
@@ -90,19 +89,8 @@ class ScoreCenteringSettings(ScoreCenteringPlanBase):
 
 def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
     """The shared keys of a full verl config, validated by the core (an unknown ``score_centering*`` key too)."""
-    unknown = [k for k in config if str(k).startswith("score_centering") and k not in SCORE_CENTERING_KEYS]
-    if unknown:
-        hint = (
-            did_you_mean(unknown[0], SCORE_CENTERING_KEYS)
-            or f"; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
-        )
-        raise ValueError(f"{unknown[0]}: unknown score-centering key{hint}")
-    try:
-        return ScoreCenteringConfig.model_validate(
-            {k: _plain(config[k]) for k in SCORE_CENTERING_KEYS if k in config}
-        )
-    except ValidationError as err:
-        raise ValueError(config_error(err)) from None
+    keys = [key for key in config if str(key).startswith("score_centering") or key in SCORE_CENTERING_KEYS]
+    return load_score_centering_config({key: _plain(config[key]) for key in keys})
 
 
 def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
-from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool
+from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool, config_error, did_you_mean
 
 Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
 CONTROLLER_KEYS = (
@@ -83,6 +83,27 @@ class ScoreCenteringConfig(BaseModel):
 
 #: the keys of ``ScoreCenteringConfig``, as a user writes them
 SCORE_CENTERING_KEYS = tuple(ScoreCenteringConfig.model_fields)
+
+
+def load_score_centering_config(values: Mapping[str, Any]) -> ScoreCenteringConfig:
+    """The shared keys from a host's settings (``values``: key -> plain value; any other key is ignored, but
+    a ``score_centering*`` key that is not one of them is refused with a hint), validated; an error is one
+    line naming the key (reference §5.5)."""
+    unknown = [
+        key for key in values if str(key).startswith("score_centering") and key not in SCORE_CENTERING_KEYS
+    ]
+    if unknown:
+        hint = (
+            did_you_mean(unknown[0], SCORE_CENTERING_KEYS)
+            or f"; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
+        )
+        raise ValueError(f"{unknown[0]}: unknown score-centering key{hint}")
+    try:
+        return ScoreCenteringConfig.model_validate(
+            {key: values[key] for key in SCORE_CENTERING_KEYS if key in values}
+        )
+    except ValidationError as err:
+        raise ValueError(config_error(err)) from None
 
 
 def _finite(value, key: str) -> float:
