@@ -44,7 +44,7 @@ def _status(field: str) -> int:
 
 
 def _step(case: str, k: int, hidden, weight, ids):
-    from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+    from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 
     if case == "trl":
         from trl.kernels.chunked_logprob import ChunkedLogProbFunction

@@ -23,7 +23,7 @@ from vllm.logprobs import append_logprobs_for_next_position, create_sample_logpr
 from vllm.outputs import CompletionOutput
 
 from bench._harness import header, report, timeit
-from trl_length_plugin.vllm_capture import (
+from trl_length_plugin.score_centering.capture import (
     extract_flat_score_centering_samples,
     extract_sampled_token_logprobs,
     extract_score_centering_samples,

@@ -27,12 +27,12 @@ from typing import NamedTuple
 
 import torch
 
-from trl_length_plugin.losses.score_centering import (
+from trl_length_plugin.score_centering.estimator import (
     compute_score_centering_term,
     sampled_token_weights,
     score_centering_token_metrics,
 )
-from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 
 
 class ModeSpec(NamedTuple):

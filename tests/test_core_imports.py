@@ -22,9 +22,12 @@ CORE_MODULES = [
     "trl_length_plugin.shaping",
     "trl_length_plugin.losses",
     "trl_length_plugin.losses.luspo",
-    "trl_length_plugin.losses.score_centering",
-    "trl_length_plugin.losses.topk_logprobs",
-    "trl_length_plugin.vllm_capture",
+    "trl_length_plugin.score_centering",
+    "trl_length_plugin.score_centering.config",
+    "trl_length_plugin.score_centering.controller",
+    "trl_length_plugin.score_centering.estimator",
+    "trl_length_plugin.score_centering.topk_logprobs",
+    "trl_length_plugin.score_centering.capture",
 ]
 #: a meta-path finder that makes every optional host look uninstalled
 BLOCKER = f"""\

@@ -13,12 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_length_plugin.losses.score_centering import (
+from trl_length_plugin.score_centering import estimator
+from trl_length_plugin.score_centering.config import ScoreCenteringPlanBase
+from trl_length_plugin.score_centering.estimator import (
     compute_score_centering_term,
     score_centering_metrics,
+    score_centering_outputs,
     score_centering_token_metrics,
 )
-from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 
 MODES = ("off", "is", "tis", "icepop", "adaptive-ppo-clip")
 BOUNDS = (0.8, 1.25)
@@ -350,6 +353,40 @@ def test_metrics_are_masked_means():
         assert values.shape == mask.shape and not values[~mask].any()
         assert float(values.sum() / n) == pytest.approx(float(metrics[key]))
     torch.testing.assert_close(per_token["score_centering/rho_mean"][mask], rho[mask].to(torch.float64))
+
+
+@pytest.mark.parametrize("replay", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_outputs_compute_the_head_once_and_equal_the_term_and_its_metrics(monkeypatch, mode, replay):
+    """What a host's loss uses per micro-batch: C (values and gradients) and the §5.6 values of
+    compute_score_centering_term and score_centering_token_metrics, from one head computation, under a plan
+    whose adaptive-ppo-clip bounds carry the controller's offset k."""
+    lp, lq, mask, advantages = make_heads(7, replay=replay)
+    k = 0.05
+    plan_bounds = (BOUNDS[0], BOUNDS[1] - k) if mode == "adaptive-ppo-clip" else BOUNDS
+    bounds = plan_bounds if mode in ("tis", "icepop", "adaptive-ppo-clip") else None
+    plan = ScoreCenteringPlanBase(6, mode, bounds, OUTER if mode == "adaptive-ppo-clip" else None, False)
+    heads = []
+    head = estimator._head
+    monkeypatch.setattr(estimator, "_head", lambda *a: heads.append(1) or head(*a))
+    leaf = lp.clone().requires_grad_(True)
+    outputs = score_centering_outputs(
+        plan, k, leaf, sampler_topk_logprobs=lq, token_mask=mask, advantages=advantages, sampler_replay=replay
+    )
+    assert len(heads) == 1
+    monkeypatch.setattr(estimator, "_head", head)
+    expected_leaf = lp.clone().requires_grad_(True)
+    expected = run(expected_leaf, lq, mask, mode, replay, advantages)
+    torch.testing.assert_close(outputs.correction, expected.correction, rtol=0, atol=0)
+    outputs.correction.sum().backward()
+    expected.correction.sum().backward()
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad, rtol=0, atol=0)
+    metrics = score_centering_token_metrics(
+        lp, sampler_topk_logprobs=lq, correction=expected.correction, token_mask=mask, sampler_replay=replay
+    )
+    assert sorted(outputs.token_metrics) == sorted(metrics)
+    for key, values in metrics.items():
+        torch.testing.assert_close(outputs.token_metrics[key], values, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

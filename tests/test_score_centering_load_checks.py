@@ -30,19 +30,20 @@ from tests.trl_length_helpers import MODES, K, sc_config, tiny_config  # noqa: E
 from tests.verl_score_centering_helpers import MODES as VERL_MODES  # noqa: E402
 from tests.verl_score_centering_helpers import composed  # noqa: E402
 from trl_length_plugin.embedded import correctness_reward  # noqa: E402
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController  # noqa: E402
-from trl_length_plugin.losses.score_centering import compute_score_centering_term  # noqa: E402
-from trl_length_plugin.losses.score_centering_config import (  # noqa: E402
+from trl_length_plugin.score_centering.capture import validate_score_centering_request  # noqa: E402
+from trl_length_plugin.score_centering.config import (  # noqa: E402
     ScoreCenteringConfig,
     adaptive_ppo_clip_bounds,
+    check_base_clip,
     check_engine_cap,
     check_is_bounds,
     sampling_filter_error,
 )
+from trl_length_plugin.score_centering.controller import AdaptiveClipController  # noqa: E402
+from trl_length_plugin.score_centering.estimator import compute_score_centering_term  # noqa: E402
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer  # noqa: E402
-from trl_length_plugin.trl_integration.score_centering import _sampling  # noqa: E402
+from trl_length_plugin.trl_integration.score_centering_plan import _sampling  # noqa: E402
 from trl_length_plugin.trl_integration.vllm_topk import colocate_engine_kwargs  # noqa: E402
-from trl_length_plugin.vllm_capture import validate_score_centering_request  # noqa: E402
 from verl_adapter.score_centering_config import (  # noqa: E402
     check_model_vocabulary,
     prepare_config,
@@ -92,6 +93,23 @@ def test_adaptive_bounds_hold_at_the_lowest_reachable_k():
     near = ScoreCenteringConfig(**adaptive, score_centering_adaptive_k_min=-0.39)
     bounds, outer = adaptive_ppo_clip_bounds(near, 0.2, 0.2, "e", "eh")  # 1.2 - 0.39 = 0.81 > 0.8
     assert bounds == pytest.approx((0.8, 1.2)) and outer == 10.0
+
+
+def test_base_clip_keys_in_effect_are_set_finite_and_leave_a_range():
+    """The clip keys in effect must be set (a null one is refused, naming it), finite, and leave a non-empty
+    range [1 - low, 1 + high] except under adaptive-ppo-clip (whose rule is the bounds above)."""
+    plain = ScoreCenteringConfig(score_centering=True, score_centering_top_k=4)
+    check_base_clip(plain, {"lo": 0.2, "hi": None}, "lo", "lo")  # hi unset: lo serves both sides
+    with pytest.raises(ValueError, match="^hi: must be a finite number, got None$"):
+        check_base_clip(plain, {"lo": 0.2, "hi": None}, "lo", "hi")
+    with pytest.raises(ValueError, match="^hi: must be a finite number, got nan$"):  # set, not in effect
+        check_base_clip(plain, {"lo": 0.2, "hi": NAN}, "lo", "lo")
+    empty = r"^hi: the base loss's clip range \[1 - lo, 1 \+ hi\] = \[0.8, 0.5\]"
+    with pytest.raises(ValueError, match=empty):
+        check_base_clip(plain, {"lo": 0.2, "hi": -0.5}, "lo", "hi")
+    adaptive = ScoreCenteringConfig(score_centering=True, score_centering_top_k=4, force_on_policy_ratio=True,
+                                    score_centering_importance_sampling="adaptive-ppo-clip")  # fmt: skip
+    check_base_clip(adaptive, {"lo": 0.2, "hi": -0.5}, "lo", "hi")
 
 
 @pytest.mark.parametrize(

@@ -10,15 +10,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-from trl_length_plugin.losses.score_centering import sampled_token_weights
-from trl_length_plugin.losses.score_centering_config import ScoreCenteringConfig
-from trl_length_plugin.vllm_capture import (
+from trl_length_plugin.score_centering.capture import (
     ScoreCenteringCaptureError,
     extract_listed_score_centering_samples,
     extract_sampled_token_logprobs,
     extract_score_centering_samples,
 )
+from trl_length_plugin.score_centering.config import ScoreCenteringConfig
+from trl_length_plugin.score_centering.controller import AdaptiveClipController
+from trl_length_plugin.score_centering.estimator import sampled_token_weights
 
 
 @pytest.mark.parametrize(
@@ -85,6 +85,30 @@ def test_controller_steps_k_once_per_optimizer_step_within_its_bounds():
     other.load_state_dict(state)
     assert other == controller
     assert controller.step() == 0.0  # a step without positive tokens counts as below target
+
+
+def test_controller_counts_from_logprobs_steps_its_metrics_and_restores(tmp_path, caplog):
+    """The host-facing helpers: counts of the ratio exp(p - q) over the valid tokens, the step's metrics
+    (f, then k after the step), and a checkpoint folder restored, or a warning when it holds no state."""
+    controller = AdaptiveClipController(k=0.0, target=0.25, delta=0.1, k_min=0.0, k_max=0.15)
+    sampler = torch.log(torch.tensor([[0.4, 0.2, 0.2, 0.5, 0.1]], dtype=torch.float64))
+    logprobs = sampler + torch.log(torch.tensor([[1.0, 1.5, 2.5, 0.5, 9.0]], dtype=torch.float64))
+    mask = torch.tensor([[1, 1, 1, 1, 0]])  # the last token (ratio 9, A > 0) is padding
+    counts = controller.counts_from_logprobs(logprobs, sampler, torch.tensor([[1.0]]), mask, 1.2)
+    assert counts.tolist() == [2.0, 4.0]  # A > 0 everywhere: 1.5 and 2.5 of the four valid tokens exceed 1.2
+    controller.accumulate(counts)
+    assert controller.step_metrics() == {
+        "score_centering/adaptive_clip_frac": pytest.approx(0.5),
+        "score_centering/adaptive_k": pytest.approx(0.1),
+    }
+    folder = tmp_path / "checkpoint-3"
+    controller.save(str(folder))  # the folder is made
+    fresh = AdaptiveClipController(k=0.0, target=0.25, delta=0.1, k_min=0.0, k_max=0.15)
+    fresh.restore(str(folder))
+    assert fresh == controller
+    with caplog.at_level("WARNING", logger="trl_length_plugin"):
+        AdaptiveClipController(k=0.0, target=0.25, delta=0.1, k_min=0.0, k_max=0.15).restore(str(tmp_path))
+    assert "restarts from k_init" in caplog.text
 
 
 class Entry:

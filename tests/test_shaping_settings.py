@@ -41,7 +41,7 @@ def test_no_feature_is_no_line_and_a_block_of_defaults_says_so():
 
 def test_score_centering_line_adds_the_keys_with_values_to_the_plan():
     """The plan's resolved summary, then each key the config changed from its default, as ``key=value``."""
-    from trl_length_plugin.losses.score_centering_config import ScoreCenteringConfig
+    from trl_length_plugin.score_centering.config import ScoreCenteringConfig
     from trl_length_plugin.shaping.settings import score_centering_settings_line
 
     config = ScoreCenteringConfig(

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from trl_length_plugin.losses.topk_logprobs import logprobs_at_ids, policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering.topk_logprobs import logprobs_at_ids, policy_logprobs_at_sampler_topk
 
 B, T, H, V, K = 2, 5, 16, 97, 6
 

@@ -16,7 +16,7 @@ from trl import GRPOTrainer
 from tests.trl_length_helpers import RecordingTrainer, deterministic_rollout, tiny_config
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.trl_integration import _host as host
-from trl_length_plugin.trl_integration.trainer import reward_name
+from trl_length_plugin.trl_integration.length_shaping import reward_name
 
 
 def test_generate_output_check():
@@ -57,6 +57,30 @@ def test_trainer_attributes_check():
         )
     with pytest.raises(host.TRLHostError, match="_logs\\['advantages'\\] is no longer a deque"):
         host.check_trainer_attributes(SimpleNamespace(**{**complete, "_logs": {"advantages": []}}))
+
+
+def test_score_centering_batch_and_training_loop_checks():
+    full = {key: None for key in host.SCORE_CENTERING_KEYS + host.WEIGHT_KEYS}
+    host.check_score_centering_batch(full, writes_weights=True)
+    unweighted = {key: None for key in host.SCORE_CENTERING_KEYS}
+    host.check_score_centering_batch(unweighted, writes_weights=False)
+    with pytest.raises(host.TRLHostError, match="\\['old_per_token_logps', 'importance_sampling_ratio'\\]"):
+        host.check_score_centering_batch(unweighted, writes_weights=True)
+    with pytest.raises(host.TRLHostError, match="\\['sampling_per_token_logps'\\] of GRPOTrainer's scored"):
+        host.check_score_centering_batch(
+            {k: v for k, v in unweighted.items() if k != "sampling_per_token_logps"}, writes_weights=False
+        )
+    host.check_training_loop(SimpleNamespace(current_gradient_accumulation_steps=2))
+    with pytest.raises(host.TRLHostError, match="no longer sets \\['current_gradient_accumulation_steps'\\]"):
+        host.check_training_loop(SimpleNamespace())
+
+
+def test_called_helpers_have_the_parameters_the_plugin_passes(monkeypatch):
+    """TRL 1.16's entropy and off-policy masks take what score centering passes; a changed one fails closed."""
+    host.check_trl_host()
+    monkeypatch.setattr(GRPOTrainer, "get_off_policy_mask", staticmethod(lambda advantages, mask: mask))
+    with pytest.raises(host.TRLHostError, match="GRPOTrainer.get_off_policy_mask\\('advantages', 'mask'\\)"):
+        host.check_trl_host()
 
 
 def test_supported_range_equals_pyproject():

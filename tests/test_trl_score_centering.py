@@ -23,10 +23,10 @@ from torch.overrides import TorchFunctionMode
 
 from tests.trl_length_helpers import MODES, PLAIN_VLLM, K, sc_config, tiny_config
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
-from trl_length_plugin.losses.score_centering import compute_score_centering_term
+from trl_length_plugin.score_centering.capture import extract_flat_score_centering_samples
+from trl_length_plugin.score_centering.estimator import compute_score_centering_term
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
 from trl_length_plugin.trl_integration.loss_aggregation import LOSS_TYPES, aggregate
-from trl_length_plugin.vllm_capture import extract_flat_score_centering_samples
 
 MISSING_MODEL = "/nonexistent/model"
 
@@ -124,7 +124,7 @@ class Recorder(LengthPluginGRPOTrainer):
 
     def _centering_loss(self, inputs):
         loss = super()._centering_loss(inputs)
-        self.losses.append((dict(inputs), self._loss_topk.detach().clone(), loss.detach()))
+        self.losses.append((dict(inputs), self._centering.topk.detach().clone(), loss.detach()))
         return loss
 
 

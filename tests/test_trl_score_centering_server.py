@@ -86,8 +86,8 @@ def test_a_server_that_cannot_return_k_candidates_fails_at_start(
 def test_generation_and_capture(server_port, generation_only, tiny_model_dir, tmp_path, monkeypatch):
     from trl.generation.vllm_client import VLLMClient
 
+    from trl_length_plugin.score_centering.capture import extract_listed_score_centering_samples
     from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
-    from trl_length_plugin.vllm_capture import extract_listed_score_centering_samples
 
     replies = []
     original = VLLMClient.generate

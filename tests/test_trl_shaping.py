@@ -26,7 +26,7 @@ from trl_length_plugin.shaping import METRIC_KEYS
 from trl_length_plugin.shaping import metadata as metadata_module
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
 from trl_length_plugin.trl_integration import _host as host
-from trl_length_plugin.trl_integration.trainer import resolve_correctness
+from trl_length_plugin.trl_integration.length_shaping import resolve_correctness
 
 BAND = {"total": {"a": 14.0, "b": 30.0, "f": 0.5}}
 

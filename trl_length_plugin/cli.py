@@ -38,12 +38,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trl_length_plugin import __version__
 from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
 from trl_length_plugin.cli_help import grouped_keys, plugin_help
-from trl_length_plugin.losses.score_centering_config import (
+from trl_length_plugin.recipes import resolve_config
+from trl_length_plugin.score_centering.config import (
     SCORE_CENTERING_KEYS,
     ScoreCenteringConfig,
     sampling_filter_error,
 )
-from trl_length_plugin.recipes import resolve_config
 from trl_length_plugin.shaping.config import (
     SHAPING_KEYS,
     config_error,

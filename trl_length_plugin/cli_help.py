@@ -11,7 +11,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS
+from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
 
 PACKAGE = Path(__file__).parent
 #: (file, class) of the dataclasses whose fields are the plugin's keys

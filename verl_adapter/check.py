@@ -149,7 +149,7 @@ def added_keys(overrides: list[str]) -> set[str]:
 
 def plugin_keys() -> tuple[str, ...]:
     """Every top-level key the plugin reads in verl (``drop_zero_std_groups`` gets its own pointer)."""
-    from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS
+    from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
     from verl_adapter.length_config import LOG_ROLLOUTS, VERL_KEYS
 
     return (*VERL_KEYS, LOG_ROLLOUTS, *SCORE_CENTERING_KEYS, "drop_zero_std_groups")

@@ -25,32 +25,29 @@ import math
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, open_dict
-from pydantic import ValidationError
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
-from trl_length_plugin.losses.score_centering_config import (
+from trl_length_plugin.score_centering import config as core
+from trl_length_plugin.score_centering.capture import check_sampling_settings
+from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
     SCORE_CENTERING_KEYS,
+    HostWeights,
     ScoreCenteringConfig,
     ScoreCenteringPlanBase,
-    adaptive_ppo_clip_bounds,
-    check_clip_keys,
-    check_clip_range,
+    check_base_clip,
     check_engine_cap,
     check_is_bounds,
-    check_top_k_vocabulary,
+    engine_logprob_cap,
+    load_score_centering_config,
     refuse_sequence_ratio,
-    sampling_filter_error,
+    resolve_mode,
 )
-from trl_length_plugin.shaping.config import config_error, did_you_mean
-from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
 from .length_config import _plain
 
 #: the agent-loop manager that carries the sampler's heads into TransferQueue (set when unset)
 MANAGER_CLASS = "verl_adapter.score_centering_rollout.ScoreCenteringAgentLoopManager"
-#: vLLM's default ``max_logprobs`` (an engine launched with a lower cap than K is raised to K)
-VLLM_DEFAULT_MAX_LOGPROBS = 20
 #: verl 0.9.1's policy losses score centering wraps, and the aggregation each gives its per-token loss
 #: (None: ``actor.loss_agg_mode``, which ``ppo_loss`` passes in); A * C is aggregated the same way
 BASE_LOSS_AGGREGATION: dict[str, str | None] = {
@@ -92,19 +89,8 @@ class ScoreCenteringSettings(ScoreCenteringPlanBase):
 
 def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
     """The shared keys of a full verl config, validated by the core (an unknown ``score_centering*`` key too)."""
-    unknown = [k for k in config if str(k).startswith("score_centering") and k not in SCORE_CENTERING_KEYS]
-    if unknown:
-        hint = (
-            did_you_mean(unknown[0], SCORE_CENTERING_KEYS)
-            or f"; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
-        )
-        raise ValueError(f"{unknown[0]}: unknown score-centering key{hint}")
-    try:
-        return ScoreCenteringConfig.model_validate(
-            {k: _plain(config[k]) for k in SCORE_CENTERING_KEYS if k in config}
-        )
-    except ValidationError as err:
-        raise ValueError(config_error(err)) from None
+    keys = [key for key in config if str(key).startswith("score_centering") or key in SCORE_CENTERING_KEYS]
+    return load_score_centering_config({key: _plain(config[key]) for key in keys})
 
 
 def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
@@ -144,41 +130,46 @@ def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
     return ("tis", bounds) if lower is None else ("icepop", bounds)
 
 
-def _mode(
-    config: DictConfig, shared: ScoreCenteringConfig
-) -> tuple[str, tuple[float, float] | None, float | None]:
-    """The mode, its bounds and the outer bound (reference §5.5, §5.7, §5.8)."""
-    wanted = shared.score_centering_importance_sampling
+def _clip(actor: DictConfig) -> tuple[float, float, str, str]:
+    """The actor's clip in effect ``(low, high, low_key, high_key)``: ``clip_ratio_low`` / ``clip_ratio_high``,
+    each ``clip_ratio`` when unset."""
+    key = "actor_rollout_ref.actor.clip_ratio"
+    clip = actor.get("clip_ratio", 0.2)
+    low, low_key = (
+        (clip, key) if actor.get("clip_ratio_low") is None else (actor.clip_ratio_low, f"{key}_low")
+    )
+    high, high_key = (
+        (clip, key) if actor.get("clip_ratio_high") is None else (actor.clip_ratio_high, f"{key}_high")
+    )
+    return low, high, low_key, high_key
+
+
+def _host_weights(config: DictConfig) -> HostWeights:
+    """verl's ``algorithm.rollout_correction`` in the plugin's terms (reference §5.5, §5.7, §5.8): its token
+    weights give off, tis or icepop; the plugin's own weights need it off (``rollout_is=null``)."""
     correction = config.algorithm.get("rollout_correction") or {}
     derived, bounds = _derived_mode(correction)
-    mode = derived if wanted == "auto" else wanted
-    if mode in ("off", "is", "adaptive-ppo-clip") and derived != "off":
-        what = (
-            "'off' leaves the base loss unweighted"
-            if mode == "off"
-            else f"{mode!r} writes the sampled-token weights"
+
+    def needs(mode: str) -> str:
+        if mode in ("tis", "icepop"):
+            threshold = "a float (TIS)" if mode == "tis" else "'LO_HI' (IcePop)"
+            return (
+                f"needs algorithm.rollout_correction.rollout_is=token with rollout_is_threshold {threshold}; "
+                f"verl's setting gives {derived!r}"
+            )
+        what = "leaves the base loss unweighted" if mode == "off" else "writes the sampled-token weights"
+        return (
+            f"{what}; set algorithm.rollout_correction.rollout_is=null (it is {correction.get('rollout_is')!r}, "
+            f"which verl turns into {derived})"
         )
-        raise ValueError(
-            f"score_centering_importance_sampling: {what}; set algorithm.rollout_correction.rollout_is=null "
-            f"(it is {correction.get('rollout_is')!r}, which verl turns into {derived})"
-        )
-    if mode in ("tis", "icepop") and mode != derived:
-        threshold = "a float (TIS)" if mode == "tis" else "'LO_HI' (IcePop)"
-        raise ValueError(
-            f"score_centering_importance_sampling: {mode!r} needs algorithm.rollout_correction.rollout_is=token with "
-            f"rollout_is_threshold {threshold}; verl's setting gives {derived!r}"
-        )
-    if mode == "adaptive-ppo-clip":
-        actor, key = config.actor_rollout_ref.actor, "actor_rollout_ref.actor.clip_ratio"
-        clip = actor.get("clip_ratio", 0.2)
-        low, low_key = (
-            (clip, key) if actor.get("clip_ratio_low") is None else (actor.clip_ratio_low, f"{key}_low")
-        )
-        high, high_key = (
-            (clip, key) if actor.get("clip_ratio_high") is None else (actor.clip_ratio_high, f"{key}_high")
-        )
-        return mode, *adaptive_ppo_clip_bounds(shared, low, high, low_key, high_key)
-    return mode, bounds, None
+
+    return HostWeights(
+        derived=derived,
+        carries_written=derived == "off",
+        needs=needs,
+        bounds=lambda _mode: bounds,
+        clip=_clip(config.actor_rollout_ref.actor),
+    )
 
 
 def _check_rollout(rollout: DictConfig, top_k: int) -> None:
@@ -201,8 +192,7 @@ def _check_rollout(rollout: DictConfig, top_k: int) -> None:
             f"{key}.calculate_log_probs: score centering needs the sampled token's rollout logprob; set it true"
         )
     _check_sampling(rollout, top_k)
-    cap = ((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs")
-    check_engine_cap(_plain(cap), top_k, f"{key}.engine_kwargs.vllm.max_logprobs")
+    check_engine_cap(_engine_cap(rollout), top_k, f"{key}.engine_kwargs.vllm.max_logprobs")
     manager = (rollout.get("agent") or {}).get("agent_loop_manager_class")
     if manager not in (None, MANAGER_CLASS):
         raise ValueError(
@@ -211,45 +201,33 @@ def _check_rollout(rollout: DictConfig, top_k: int) -> None:
         )
 
 
+def _engine_cap(rollout: DictConfig):
+    """The rollout's ``engine_kwargs.vllm.max_logprobs`` (None: unset)."""
+    return _plain(((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs"))
+
+
 def check_sampling_filters(rollout: DictConfig) -> None:
     """The rollout's sampling filters (training and ``val_kwargs``) in vLLM's ranges, with or without score
     centering (docs/reference/score-centering.md §5.2): a NaN or out-of-range value fails only in vLLM."""
     key = "actor_rollout_ref.rollout"
-    for prefix, keys in ((key, rollout), (f"{key}.val_kwargs", rollout.get("val_kwargs") or {})):
-        for name in SAMPLING_FILTER_RULES:
-            error = sampling_filter_error(name, _plain(keys.get(name)))
-            if error is not None:
-                raise ValueError(f"{prefix}.{name}: {error}")
+    val = rollout.get("val_kwargs") or {}
+    core.check_sampling_filters(
+        {
+            f"{key}.": {name: _plain(rollout.get(name)) for name in SAMPLING_FILTER_RULES},
+            f"{key}.val_kwargs.": {name: _plain(val.get(name)) for name in SAMPLING_FILTER_RULES},
+        }
+    )
 
 
 def _check_sampling(rollout: DictConfig, top_k: int) -> None:
-    """The core's request rules (``validate_score_centering_request``) on the rollout's sampling keys, each
-    failure named by its verl key."""
-    key = "actor_rollout_ref.rollout"
-    temperature, top_p, top_k_filter = (
-        rollout.get("temperature"),
-        rollout.get("top_p", 1.0),
-        rollout.get("top_k", -1),
+    """The core's request rules on the rollout's sampling keys (verl has no sampler replay)."""
+    names = ("temperature", "top_p", "top_k", "logprobs_mode")
+    sampling = {"temperature": rollout.get("temperature"), "top_p": rollout.get("top_p", 1.0)}
+    sampling["top_k"] = rollout.get("top_k", -1)
+    keys = {name: f"actor_rollout_ref.rollout.{name}" for name in names}
+    check_sampling_settings(
+        sampling, top_k, keys, logprobs_mode=rollout.get("logprobs_mode"), replay_supported=False
     )
-    logprobs_mode = rollout.get("logprobs_mode")
-    request = {"logprobs": top_k, "temperature": temperature, "top_p": top_p, "top_k": top_k_filter}
-    try:
-        validate_score_centering_request(request, top_k, logprobs_mode=logprobs_mode)
-    except ScoreCenteringCaptureError as err:
-        if err.check == "temperature":
-            raise ValueError(
-                f"{key}.temperature: score centering needs a positive finite temperature, got {temperature}"
-            ) from None
-        if err.check == "sampling_filter":
-            name = "top_p" if top_p < 1.0 else "top_k"
-            raise ValueError(
-                f"{key}.{name}: sampling filters need sampler replay, which the verl integration does not do; "
-                f"sample with top_p=1.0 top_k=-1 (got top_p={top_p}, top_k={top_k_filter})"
-            ) from None
-        raise ValueError(
-            f"{key}.logprobs_mode: score centering needs the sampler's own probabilities: processed_logprobs "
-            f"(raw_logprobs only at temperature 1), got {logprobs_mode!r}"
-        ) from None
 
 
 def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str, str | None]:
@@ -276,15 +254,9 @@ def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str,
     base = (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
     if base in SEQUENCE_RATIO_LOSS_MODES:
         refuse_sequence_ratio(f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}")
-    check_clip_keys({f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS})
-    if shared.score_centering_importance_sampling != "adaptive-ppo-clip":
-        low, high = (name if actor.get(name) is not None else "clip_ratio" for name in CLIP_KEYS[1:])
-        check_clip_range(
-            actor.get(low),
-            actor.get(high),
-            f"actor_rollout_ref.actor.{low}",
-            f"actor_rollout_ref.actor.{high}",
-        )
+    *_, low_key, high_key = _clip(actor)
+    clip = {f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS}
+    check_base_clip(shared, clip, low_key, high_key)
     if base not in BASE_LOSS_AGGREGATION:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "
@@ -318,7 +290,7 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
     top_k = shared.score_centering_top_k
     _check_rollout(config.actor_rollout_ref.rollout, top_k)
     base, aggregation = _check_actor(config, shared)
-    mode, bounds, outer = _mode(config, shared)
+    mode, bounds, outer = resolve_mode(shared, _host_weights(config))
     return ScoreCenteringSettings(
         top_k,
         mode,
@@ -332,19 +304,11 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
 
 def check_model_vocabulary(config: DictConfig, settings: ScoreCenteringSettings) -> None:
     """K against the vocabulary of ``actor_rollout_ref.model.path`` (its ``config.json`` only, in the TaskRunner
-    before any worker starts); skipped when no config can be read there (the workers then fail loading it)."""
-    from transformers import AutoConfig
-
+    before any worker starts; the core's ``check_model_vocabulary``)."""
     model = config.actor_rollout_ref.model
-    try:
-        hf_config = AutoConfig.from_pretrained(
-            model.path, trust_remote_code=model.get("trust_remote_code", False)
-        )
-    except (OSError, ValueError):
-        return
-    vocab_size = getattr(hf_config.get_text_config(), "vocab_size", None)
-    if vocab_size is not None:
-        check_top_k_vocabulary(settings.top_k, vocab_size)
+    core.check_model_vocabulary(
+        settings.top_k, model.path, trust_remote_code=model.get("trust_remote_code", False)
+    )
 
 
 def prepare_config(config: DictConfig, settings: ScoreCenteringSettings) -> None:
@@ -353,6 +317,7 @@ def prepare_config(config: DictConfig, settings: ScoreCenteringSettings) -> None
     rollout = config.actor_rollout_ref.rollout
     with open_dict(rollout):
         rollout.agent.agent_loop_manager_class = MANAGER_CLASS
-        vllm = rollout.engine_kwargs.vllm
-        if vllm.get("max_logprobs") is None:
-            vllm.max_logprobs = max(settings.top_k, VLLM_DEFAULT_MAX_LOGPROBS)
+        key = "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs"
+        rollout.engine_kwargs.vllm.max_logprobs = engine_logprob_cap(
+            _engine_cap(rollout), settings.top_k, key
+        )

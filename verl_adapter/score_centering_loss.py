@@ -7,8 +7,8 @@ marks each update's micro-batches with verl's top-k logits hook (``distillation_
 
 1. as the logits processor, on the temperature-scaled logits of the packed micro-batch (after the Ulysses
    slice): the trainer's logprobs of the sampled token and at the sampler's K ids in one op
-   (``logprobs_at_ids``: a chunked logsumexp, no probability tensor), the correction C
-   (``compute_score_centering_term``) and the §5.6 values per token. Every output is per token, so verl
+   (``logprobs_at_ids``: a chunked logsumexp, no probability tensor), the correction C and the §5.6 values
+   per token from one head computation (``score_centering_outputs``). Every output is per token, so verl
    gathers it over sequence-parallel ranks and unpacks it exactly as it does ``log_probs``; the sampled
    token's logprob *is* ``log_probs``. The sampler fields are token-aligned (row j holds the head of token j,
    zero outside the generated tokens) and rolled by one like verl's labels;
@@ -35,14 +35,13 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_i
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-from trl_length_plugin.losses.score_centering import (
+from trl_length_plugin.score_centering.controller import AdaptiveClipController
+from trl_length_plugin.score_centering.estimator import (
     METRIC_KEYS,
-    compute_score_centering_term,
-    sampled_token_weights_from_logprobs,
-    score_centering_token_metrics,
+    plan_sampled_token_weights,
+    score_centering_outputs,
 )
-from trl_length_plugin.losses.topk_logprobs import logprobs_at_ids
+from trl_length_plugin.score_centering.topk_logprobs import logprobs_at_ids
 
 from .score_centering_config import LOSS_MODE, MANAGER_CLASS, ScoreCenteringSettings
 
@@ -135,25 +134,16 @@ def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -
     )
     logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1), inplace_backward=not shared)
     adaptive = settings.mode == "adaptive-ppo-clip"
-    k = _adaptive_k(data, settings)
-    term = compute_score_centering_term(
+    centering = score_centering_outputs(
+        settings,
+        _adaptive_k(data, settings),
         logprobs[:, 1:],
         sampler_topk_logprobs=sampler,
-        importance_sampling_mode=settings.mode,
-        is_bounds=settings.bounds_at(k),
         token_mask=mask,
-        sampler_replay=False,
-        adaptive_ppo_clip_advantages=_local(_packed_response(data, "advantages")) if adaptive else None,
-        adaptive_ppo_clip_outer_bound=settings.outer_bound,
-    )
-    metrics = score_centering_token_metrics(
-        logprobs[:, 1:],
-        sampler_topk_logprobs=sampler,
-        correction=term.correction,
-        token_mask=mask,
+        advantages=_local(_packed_response(data, "advantages")) if adaptive else None,
         sampler_replay=False,
     )
-    outputs = {"log_probs": logprobs[:, 0], CORRECTION: term.correction, **metrics}
+    outputs = {"log_probs": logprobs[:, 0], CORRECTION: centering.correction, **centering.token_metrics}
     return {key: value.unsqueeze(0) for key, value in outputs.items()}
 
 
@@ -192,9 +182,11 @@ def score_centering_ppo_loss(
             torch.where(mask, no_padding_2_padding(model_output[key], data), 0.0).sum(), data
         )
     if settings.mode == "adaptive-ppo-clip":
-        ratio = torch.where(mask, log_prob.detach() - rollout, 0.0).exp()
         advantages = data["advantages"].to_padded_tensor(0.0)
-        clipped, positive = AdaptiveClipController.counts(ratio, advantages, mask, settings.bounds_at(k)[1])
+        upper = settings.bounds_at(k)[1]
+        clipped, positive = AdaptiveClipController.counts_from_logprobs(
+            log_prob, rollout, advantages, mask, upper
+        )
         metrics[CLIPPED], metrics[POSITIVE] = _share(clipped, data), _share(positive, data)
     return loss, metrics
 
@@ -223,16 +215,8 @@ def compute_policy_loss_score_centering(
                 f"score centering {settings.mode}: verl also computed rollout_is_weights; "
                 "set algorithm.rollout_correction.rollout_is=null"
             )
-        rollout_is_weights = (
-            sampled_token_weights_from_logprobs(  # the ratio old / sampler, verl's convention
-                old_log_prob,
-                inputs.rollout_log_probs,
-                response_mask,
-                settings.mode,
-                settings.bounds_at(inputs.adaptive_k),
-                advantages,
-                settings.outer_bound,
-            )
+        rollout_is_weights = plan_sampled_token_weights(  # the ratio old / sampler, verl's convention
+            settings, inputs.adaptive_k, old_log_prob, inputs.rollout_log_probs, response_mask, advantages
         )
     base = core_algos.get_policy_loss_fn(settings.base_loss_mode)
     loss, metrics = base(

@@ -32,7 +32,6 @@ from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from trl_length_plugin.losses.adaptive_controller import STATE_FILE
 from trl_length_plugin.shaping.settings import score_centering_settings_line
 
 from ._host import resumed_checkpoint_folder
@@ -112,15 +111,13 @@ class ScoreCenteringMixin:
             if CLIPPED not in renamed:
                 raise RuntimeError("score centering: the actor update returned no adaptive-ppo-clip counts")
             controller.accumulate(torch.tensor([renamed.pop(CLIPPED), renamed.pop(POSITIVE)]))
-            renamed["score_centering/adaptive_clip_frac"] = controller.step()
-            renamed["score_centering/adaptive_k"] = controller.k
+            renamed.update(controller.step_metrics())
         metrics.update(renamed)
         return batch
 
     def _save_checkpoint(self):
         if self.score_centering_controller is not None:
             folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            os.makedirs(folder, exist_ok=True)
             self.score_centering_controller.save(folder)
         super()._save_checkpoint()
 
@@ -128,9 +125,6 @@ class ScoreCenteringMixin:
         super()._load_checkpoint()
         if self.score_centering_controller is None or not self.global_steps:
             return
-        folder = resumed_checkpoint_folder(self.config.trainer, self.global_steps)
-        if not self.score_centering_controller.load(folder):
-            logger.warning(
-                "trl-length-plugin: %s not found; the adaptive-ppo-clip controller restarts from k_init",
-                os.path.join(folder, STATE_FILE),
-            )
+        self.score_centering_controller.restore(
+            resumed_checkpoint_folder(self.config.trainer, self.global_steps)
+        )

@@ -25,7 +25,7 @@ def check_luspo(config) -> None:
 def score_centering_setup(config):
     """(settings, adaptive controller) of the ``score_centering`` keys, checked: (None, None) when off; the
     controller is None unless the mode is adaptive-ppo-clip."""
-    from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
+    from trl_length_plugin.score_centering.controller import AdaptiveClipController
 
     from .score_centering_config import check_model_vocabulary, resolve_settings, score_centering_config
 

@@ -33,8 +33,8 @@ from collections.abc import Callable
 import torch
 
 from bench._harness import header, report
-from trl_length_plugin.losses.score_centering import compute_score_centering_term
-from trl_length_plugin.losses.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering.estimator import compute_score_centering_term
+from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 
 FULL = dict(vocab=151_936, hidden=896, tokens=4096, rows=8, length=1024, completion=768, layers=24)
 SMOKE = dict(vocab=2048, hidden=64, tokens=256, rows=2, length=48, completion=32, layers=2)

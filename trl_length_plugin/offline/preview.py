@@ -35,7 +35,7 @@ DELTA_QUANTILES = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
 
 
 def trl_normalization(scale_rewards: str) -> GroupNormalization:
-    """TRL's normalization for ``scale_rewards`` (``trl_integration.trainer.trl_normalization``, which
+    """TRL's normalization for ``scale_rewards`` (``trl_integration.length_shaping.trl_normalization``, which
     imports TRL; a test checks that the two agree)."""
     return GroupNormalization(
         scale_by_std=scale_rewards != "none",

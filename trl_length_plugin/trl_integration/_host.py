@@ -1,10 +1,13 @@
 """Every TRL internal the integration relies on, named and checked (docs/reference/product.md §1.5).
 
-``LengthPluginGRPOTrainer`` overrides private ``GRPOTrainer`` methods and reads or writes some of their
-data. :func:`check_trl_host` checks at setup that TRL is the release line we built for and that each
-overridden method still has the signature we call; the ``check_*`` functions below check, on first use,
-the shapes of the data we read (the tuple ``_generate`` returns, the keys of the scored batch, the ``_logs``
-deque we rewrite). A mismatch fails closed with a message naming the internal and the supported TRL,
+``LengthPluginGRPOTrainer`` (its two mixins, ``length_shaping`` and ``score_centering``) overrides private
+``GRPOTrainer`` methods, calls some of its helpers and reads or writes some of its data; each is named here.
+:func:`check_trl_host` checks at setup that TRL is the release line we built for and that each overridden or
+called method still has the signature we use; :func:`check_trainer_attributes` and
+:func:`check_score_centering_host` check after ``GRPOTrainer.__init__`` the attributes each feature reads;
+the other ``check_*`` functions check, on first use, what exists only then: the shapes of the data we read
+(the tuple ``_generate`` returns, the keys of the scored batch, the ``_logs`` deque we rewrite) and the
+attributes of TRL's training loop. A mismatch fails closed with a message naming the internal and the supported TRL,
 instead of training on silently wrong rewards.
 """
 
@@ -37,6 +40,14 @@ OVERRIDDEN_METHODS = {
     "_save_checkpoint": ("self", "model", "trial"),
     "_load_optimizer_and_scheduler": ("self", "checkpoint"),
 }  # fmt: skip
+#: the GRPOTrainer helpers score centering calls (the base loss's entropy and off-policy masks), with their
+#: parameters
+CALLED_METHODS = {
+    "get_high_entropy_mask": ("self", "entropies", "mask", "threshold"),
+    "get_off_policy_mask": (
+        "advantages", "per_token_logps", "sampling_per_token_logps", "mask", "off_policy_threshold",
+    ),
+}  # fmt: skip
 #: what score centering reads of TRL's vLLM generation, its fused head and its helpers
 VLLM_GENERATION_ATTRIBUTES = ("mode", "logprobs", "generation_kwargs", "tensor_parallel_size")
 #: what each mode adds: the colocated engine on every process, or the server's client on the main one
@@ -61,7 +72,11 @@ TOOL_MASK = GENERATE_OUTPUT.index("tool_mask")
 COMPLETION_IDS = GENERATE_OUTPUT.index("completion_ids")
 #: keys of ``_generate_and_score_completions``' batch the integration reads or rewrites
 SCORED_KEYS = ("completion_mask", "advantages", "num_items_in_batch")
-#: ``GRPOTrainer.__init__`` attributes the integration reads
+#: what score centering's loss reads of that batch (``tool_mask`` too, when TRL sets it), and what it reads
+#: and rewrites where it writes the sampled-token weights (``is``, ``adaptive-ppo-clip``)
+SCORE_CENTERING_KEYS = (*SCORED_KEYS, "completion_ids", "sampling_per_token_logps")
+WEIGHT_KEYS = ("old_per_token_logps", "importance_sampling_ratio")
+#: ``GRPOTrainer.__init__`` attributes the integration reads (both features)
 TRAINER_ATTRIBUTES = (
     "reward_funcs",
     "reward_func_names",
@@ -72,7 +87,26 @@ TRAINER_ATTRIBUTES = (
     "num_generations",
     "eos_token_ids",
     "_tokenizer",
+    "scale_rewards",
+    "mask_truncated_completions",
+    "loss_type",
+    "aux_loss_enabled",
+    "accelerator",
+    "state",
+    "_get_output_dir",
 )
+#: ``GRPOTrainer.__init__`` attributes score centering reads besides those
+SCORE_CENTERING_ATTRIBUTES = (
+    "vllm_generation",
+    "beta",
+    "temperature",
+    "pad_to_multiple_of",
+    "max_completion_length",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
+)
+#: what transformers' training loop sets before the first loss, which score centering's loss reads
+TRAINING_LOOP_ATTRIBUTES = ("current_gradient_accumulation_steps",)
 
 
 class TRLHostError(RuntimeError):
@@ -93,7 +127,7 @@ def check_trl_host() -> None:
     installed = Version(trl.__version__)
     if not SUPPORTED_TRL[0] <= installed < SUPPORTED_TRL[1]:
         problems.append(f"installed trl {trl.__version__} is outside the supported range")
-    for name, expected in OVERRIDDEN_METHODS.items():
+    for name, expected in {**OVERRIDDEN_METHODS, **CALLED_METHODS}.items():
         method = getattr(trl.GRPOTrainer, name, None)
         if method is None:
             problems.append(f"GRPOTrainer.{name} no longer exists")
@@ -138,8 +172,9 @@ def check_score_centering_host(trainer) -> None:
     """After ``GRPOTrainer.__init__`` with score centering: TRL's vLLM generation object and helpers."""
     from trl.trainer import utils
 
+    missing = [name for name in SCORE_CENTERING_ATTRIBUTES if not hasattr(trainer, name)]
     generation = getattr(trainer, "vllm_generation", None)
-    missing = [name for name in VLLM_GENERATION_ATTRIBUTES if not hasattr(generation, name)]
+    missing += [name for name in VLLM_GENERATION_ATTRIBUTES if not hasattr(generation, name)]
     mode = getattr(generation, "mode", None)
     if mode == "colocate" or trainer.accelerator.is_main_process:
         missing += [name for name in VLLM_MODE_ATTRIBUTES.get(mode, ()) if not hasattr(generation, name)]
@@ -186,6 +221,23 @@ def check_scored_output(output: Mapping, rows: int) -> None:
         raise TRLHostError(
             f"GRPOTrainer's advantages have shape {tuple(output['advantages'].shape)}, expected ({rows},)"
         )
+
+
+def check_score_centering_batch(output: Mapping, writes_weights: bool) -> None:
+    """After ``_generate_and_score_completions`` with score centering: the keys its loss reads."""
+    wanted = SCORE_CENTERING_KEYS + (WEIGHT_KEYS if writes_weights else ())
+    missing = [key for key in wanted if key not in output]
+    if missing:
+        raise TRLHostError(
+            f"score centering reads {missing} of GRPOTrainer's scored batch, which it no longer has"
+        )
+
+
+def check_training_loop(trainer) -> None:
+    """In the first loss: the attributes transformers' training loop sets (``TRAINING_LOOP_ATTRIBUTES``)."""
+    missing = [name for name in TRAINING_LOOP_ATTRIBUTES if not hasattr(trainer, name)]
+    if missing:
+        raise TRLHostError(f"the training loop no longer sets {missing}, which score centering's loss reads")
 
 
 def replace_logged(logs: deque, values: list) -> None:

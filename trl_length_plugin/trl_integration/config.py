@@ -15,19 +15,18 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
 
-from pydantic import ValidationError
 from trl import GRPOConfig
 
-from trl_length_plugin.losses.score_centering_config import SCORE_CENTERING_KEYS, ScoreCenteringConfig
+from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS, load_score_centering_config
 from trl_length_plugin.shaping.config import (
     DEFAULT_REASONING_TAGS,
     SHAPING_KEYS,
     LengthConfigError,
     LengthPenaltyConfig,
     LengthShapingConfig,
-    config_error,
     load_shaping_config,
 )
+from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan
 from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
@@ -202,12 +201,7 @@ class LengthPluginGRPOConfig(GRPOConfig):
             self.shaping: LengthShapingConfig = load_shaping_config(self._given(SHAPING_KEYS))
         except LengthConfigError as err:
             raise ValueError(str(err)) from None
-        try:
-            self.score_centering_config = ScoreCenteringConfig.model_validate(
-                self._given(SCORE_CENTERING_KEYS)
-            )
-        except ValidationError as err:
-            raise ValueError(config_error(err)) from None
+        self.score_centering_config = load_score_centering_config(self._given(SCORE_CENTERING_KEYS))
         if isinstance(self.vllm_engine_kwargs, str):
             self.vllm_engine_kwargs = _json_mapping("vllm_engine_kwargs", self.vllm_engine_kwargs)
         if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
@@ -220,8 +214,6 @@ class LengthPluginGRPOConfig(GRPOConfig):
 
             apply_luspo_defaults(self, _EXPLICIT_KEYS.get())
         super().__post_init__()
-        from trl_length_plugin.trl_integration.score_centering import resolve_plan
-
         self.score_centering_plan = resolve_plan(self)
         if self.vllm_engine_kwargs and self.vllm_mode != "colocate":
             raise ValueError(

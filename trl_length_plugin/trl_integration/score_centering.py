@@ -1,8 +1,7 @@
 """Score centering in TRL's ``GRPOTrainer`` (docs/reference/score-centering.md §5).
 
-:func:`resolve_plan` turns a ``LengthPluginGRPOConfig`` into what the trainer does (the mode and its bounds
-derived from TRL's importance-sampling keys, sampler replay, the on-policy ratio), with every check the config
-alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, in front of ``GRPOTrainer``:
+:class:`ScoreCenteringMixin` is the trainer side, in front of ``GRPOTrainer``; it runs the plan
+``score_centering_plan.resolve_plan`` resolved from the config at load time:
 
 1. generation (``_generate``): the sampler's heads (``vllm_topk.TopkCapture``) padded to ``[B, T, K]``; TRL's
    sampled-token logprob is picked by id; under replay TRL's old-logprob pass is kept-set normalized too;
@@ -11,13 +10,16 @@ alone decides, at load time. :class:`ScoreCenteringMixin` is the trainer side, i
 3. ``_compute_loss``: for ``is`` and ``adaptive-ppo-clip`` the sampled-token importance weights of the mode
    replace TRL's (from the batch's final advantages); the trainer's logprobs at the K ids come from the
    loss's own forward (``topk_head``); ``A * C`` is masked and normalized like the base loss
-   (``loss_aggregation.aggregate``); the metrics of §5.6; the adaptive controller's counts, its step at each
-   optimizer step, its state in checkpoints.
+   (``loss_aggregation.aggregate``); C and the metrics of §5.6 from one head computation
+   (``score_centering_outputs``); the adaptive controller's counts, its step at each optimizer step, its
+   state in checkpoints.
+
+Every rule lives in the core (``trl_length_plugin.score_centering``); this module translates TRL's keys,
+batch and hooks.
 """
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
@@ -25,231 +27,72 @@ from dataclasses import dataclass
 
 import torch
 
-from trl_length_plugin.losses.adaptive_controller import AdaptiveClipController
-from trl_length_plugin.losses.score_centering import (
-    compute_score_centering_term,
-    sampled_token_weights_from_logprobs,
-    score_centering_metrics,
-)
-from trl_length_plugin.losses.score_centering_config import (
-    SAMPLING_FILTER_RULES,
-    ScoreCenteringPlanBase,
-    adaptive_ppo_clip_bounds,
-    check_clip_keys,
-    check_clip_range,
-    check_engine_cap,
-    check_is_bounds,
-    check_top_k_vocabulary,
-    refuse_sequence_ratio,
-    sampling_filter_error,
+from trl_length_plugin.score_centering.config import check_model_vocabulary
+from trl_length_plugin.score_centering.controller import AdaptiveClipController
+from trl_length_plugin.score_centering.estimator import (
+    batch_means,
+    plan_sampled_token_weights,
+    score_centering_outputs,
 )
 from trl_length_plugin.shaping.settings import score_centering_settings_line
-from trl_length_plugin.trl_integration import vllm_topk
+from trl_length_plugin.trl_integration import _host, vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
+from trl_length_plugin.trl_integration.score_centering_plan import ScoreCenteringPlan
 from trl_length_plugin.trl_integration.topk_head import HeadRequest, install_topk_head
-from trl_length_plugin.vllm_capture import ScoreCenteringCaptureError, validate_score_centering_request
 
-TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
-SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
-#: TRL's ``vllm_importance_sampling_mode`` values (``GRPOConfig``'s documented options)
-TRL_IS_MODES = (*TOKEN_MODES, *SEQUENCE_MODES)
-#: TRL loss types whose importance ratio is per sequence whatever ``importance_sampling_level`` says
-SEQUENCE_RATIO_LOSS_TYPES = ("luspo", "vespo")
-#: generation_kwargs that would change what vLLM returns for the head
-CAPTURE_KWARGS = ("logprobs", "prompt_logprobs", "logprob_token_ids", "flat_logprobs", "detokenize")
 logger = logging.getLogger("trl_length_plugin")
 
 
-@dataclass(frozen=True)
-class ScoreCenteringPlan(ScoreCenteringPlanBase):
-    """What the trainer does: the shared plan (K, the mode and its bounds, the outer bound, the on-policy
-    ratio) and sampler replay. TRL has no ``is`` or ``adaptive-ppo-clip`` mode: the plugin writes those
-    sampled-token weights."""
+@dataclass
+class _CenteringStep:
+    """Score centering's data between TRL's hooks (as length shaping's ``_ShapingStep``)."""
 
-    replay: bool = False
-
-    @property
-    def detail(self) -> str:
-        return "sampler replay" if self.replay else "full vocabulary"
-
-
-def _sampling(args) -> dict:
-    """The effective sampling settings (``generation_kwargs`` override TRL's own keys)."""
-    kwargs = args.generation_kwargs or {}
-    names = ("temperature", "top_k", "top_p", "min_p")
-    return {name: kwargs.get(name, getattr(args, name)) for name in names}
-
-
-def check_sampling_filters(args) -> None:
-    """TRL's sampling filters and their ``generation_kwargs`` overrides in vLLM's ranges, with or without score
-    centering (reference §5.2): a NaN or out-of-range value would fail only in vLLM, after the model loads."""
-    kwargs = args.generation_kwargs or {}
-    for name in SAMPLING_FILTER_RULES:
-        for key, value in ((name, getattr(args, name)), (f"generation_kwargs.{name}", kwargs.get(name))):
-            error = sampling_filter_error(name, value)
-            if error is not None:
-                raise ValueError(f"{key}: {error}")
-
-
-def _check_token_ratio(args) -> None:
-    """The base loss's importance ratio must be per token (reference §5.5): no LUSPO, VESPO or GSPO."""
-    if args.luspo:
-        refuse_sequence_ratio("luspo: true")
-    if args.loss_type in SEQUENCE_RATIO_LOSS_TYPES:
-        refuse_sequence_ratio(f"loss_type: {args.loss_type!r}")
-    if args.importance_sampling_level == "sequence":
-        refuse_sequence_ratio("importance_sampling_level: 'sequence'")
-
-
-def _mode(args, config) -> tuple[str, tuple[float, float] | None, float | None]:
-    """The mode, its bounds and the outer bound from TRL's importance-sampling keys (reference §5.5, §5.7)."""
-    wanted = config.score_centering_importance_sampling
-    correction, trl_mode = args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode
-    if trl_mode not in TRL_IS_MODES:
-        close = difflib.get_close_matches(str(trl_mode).lower(), TRL_IS_MODES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(
-            f"vllm_importance_sampling_mode: {trl_mode!r} is not one of {', '.join(TRL_IS_MODES)}{hint}"
-        )
-    if correction and trl_mode in SEQUENCE_MODES:
-        raise ValueError(
-            f"vllm_importance_sampling_mode: {trl_mode!r} (TRL's default) is sequence-level; score centering needs "
-            "a token-level mode: set vllm_importance_sampling_mode: token_truncate (tis) or token_mask (icepop), "
-            "or vllm_importance_sampling_correction: false (off)"
-        )
-    derived = TOKEN_MODES.get(trl_mode) if correction else "off"
-    mode = derived if wanted == "auto" else wanted
-    if mode == "off" and correction:
-        raise ValueError(
-            "score_centering_importance_sampling: 'off' needs vllm_importance_sampling_correction: false "
-            "(TRL would weight the base loss)"
-        )
-    if mode != "off" and not correction:
-        raise ValueError(
-            f"score_centering_importance_sampling: {mode!r} needs vllm_importance_sampling_correction: true "
-            "(with a token-level vllm_importance_sampling_mode)"
-        )
-    if mode in ("tis", "icepop") and mode != derived:
-        raise ValueError(
-            f"score_centering_importance_sampling: {mode!r} needs vllm_importance_sampling_mode: "
-            f"{'token_truncate' if mode == 'tis' else 'token_mask'}, got {trl_mode!r}"
-        )
-    if mode in ("tis", "icepop"):
-        low, high = args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max
-        if high is None or (isinstance(high, float) and not math.isfinite(high)):
-            raise ValueError(
-                f"vllm_importance_sampling_clip_max: {mode} needs a finite upper bound, got {high}"
-            )
-        bounds = check_is_bounds(
-            0.0 if low is None else low,
-            high,
-            "vllm_importance_sampling_clip_min",
-            "vllm_importance_sampling_clip_max",
-        )
-        return mode, bounds, None
-    if mode == "adaptive-ppo-clip":
-        high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
-        return mode, *adaptive_ppo_clip_bounds(config, args.epsilon, high, "epsilon", "epsilon_high")
-    return mode, None, None
-
-
-def resolve_plan(args) -> ScoreCenteringPlan | None:
-    """Check the config and resolve the plan (None when score centering is off); every error names a key."""
-    check_sampling_filters(args)
-    config = args.score_centering_config
-    if not config.enabled:
-        return None
-    top_k = config.score_centering_top_k
-    _check_token_ratio(args)
-    check_clip_keys({"epsilon": args.epsilon, "epsilon_high": args.epsilon_high})
-    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
-        high_key = "epsilon" if args.epsilon_high is None else "epsilon_high"
-        check_clip_range(args.epsilon, getattr(args, high_key), "epsilon", high_key)
-    check_engine_cap(
-        (args.vllm_engine_kwargs or {}).get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
-    )
-    if not args.use_vllm:
-        raise ValueError("score_centering: needs use_vllm: true (the sampler's head comes from vLLM)")
-    if args.max_tool_calling_iterations is not None:
-        raise ValueError(
-            "max_tool_calling_iterations: tool-calling loops are not supported with score_centering"
-        )
-    captured = sorted(set(args.generation_kwargs or {}) & set(CAPTURE_KWARGS))
-    if captured:
-        raise ValueError(f"generation_kwargs.{captured[0]}: score centering sets what vLLM returns; drop it")
-    sampling = _sampling(args)
-    top_p, min_p, top_k_filter = sampling["top_p"], sampling["min_p"] or 0.0, sampling["top_k"] or 0
-    replay = top_k_filter > 0 or top_p < 1.0 or min_p > 0.0
-    filters = (
-        f"top_k: sampling filters need sampler replay, whose head must hold the kept set: set top_k between 1 "
-        f"and score_centering_top_k={top_k} (top_p and min_p only shrink it), got top_k={top_k_filter}"
-    )
-    request = {"logprobs": top_k, **{name: value for name, value in sampling.items() if value is not None}}
-    try:  # the core's request rules; TRL's keys in the message
-        validate_score_centering_request(request, top_k, sampler_replay=replay)
-    except ScoreCenteringCaptureError as err:
-        if err.check != "temperature":
-            raise ValueError(filters) from None
-        raise ValueError(
-            f"temperature: score centering needs a positive finite temperature, got {sampling['temperature']}"
-        ) from None
-    if replay and not 1 <= top_k_filter <= top_k:
-        raise ValueError(filters)
-    mode, bounds, outer = _mode(args, config)
-    if config.force_on_policy_ratio:
-        accumulation, per_generation = args.gradient_accumulation_steps, args.steps_per_generation
-        if args.num_iterations != 1 or accumulation % per_generation:
-            raise ValueError(
-                "force_on_policy_ratio: needs one optimizer update per rollout batch: num_iterations: 1 and "
-                f"steps_per_generation dividing gradient_accumulation_steps (got num_iterations="
-                f"{args.num_iterations}, steps_per_generation={per_generation}, "
-                f"gradient_accumulation_steps={accumulation})"
-            )
-    return ScoreCenteringPlan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay=replay)
-
-
-def _vocabulary_size(model, init_kwargs: dict) -> int | None:
-    """The model's vocabulary size before its weights load: from its config (for a path or Hub name, only
-    ``config.json`` is read); None when no config can be read (loading the model then fails on its own)."""
-    config = getattr(model, "config", None)
-    if isinstance(model, str):
-        from transformers import AutoConfig
-
-        options = {key: init_kwargs[key] for key in ("revision", "trust_remote_code") if key in init_kwargs}
-        try:
-            config = AutoConfig.from_pretrained(model, **options)
-        except (OSError, ValueError):
-            return None
-    return getattr(config.get_text_config(), "vocab_size", None) if config is not None else None
+    heads: tuple[torch.Tensor, torch.Tensor] | None = None
+    """The last generation's heads ``[B, T, K]``, from ``_generate`` to ``_generate_and_score_completions``."""
+    generation_request: HeadRequest | None = None
+    """Under replay, TRL's old-logprob pass of that generation (kept-set normalized like vLLM's)."""
+    loss_request: HeadRequest | None = None
+    """The micro-batch's heads while ``_compute_loss`` runs TRL's loss."""
+    armed: HeadRequest | None = None
+    """The request the top-k head serves in the running forward (None: TRL's head runs unchanged)."""
+    topk: torch.Tensor | None = None
+    """The loss forward's trainer logprobs at the K ids ``[B, T, K]``."""
+    logps: torch.Tensor | None = None
+    """The loss forward's sampled-token logprobs ``[B, T]``."""
+    entropies: torch.Tensor | None = None
+    """The loss forward's entropies ``[B, T]``."""
 
 
 class ScoreCenteringMixin:
     """The trainer side of score centering; in front of ``GRPOTrainer`` in the MRO. ``_score_plan`` is the
-    resolved plan (None: every hook passes through)."""
+    resolved plan (None: every hook passes through); ``_centering`` its per-step record."""
 
     _score_plan: ScoreCenteringPlan | None = None
     _controller: AdaptiveClipController | None = None
 
     # -- setup --------------------------------------------------------------------------------------------
     def _check_score_centering_inputs(self, model, args, kwargs: dict) -> None:
-        """Before the model loads: what the trainer's arguments and the model's config decide."""
+        """Before the model loads: the resolved plan, and what the trainer's arguments and the model's config
+        decide."""
+        self._score_plan = args.score_centering_plan
+        if self._score_plan is None:
+            return
         for name in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(name) is not None:
                 raise ValueError(
                     f"score_centering: {name} is not supported (the sampler's head comes from vLLM)"
                 )
         init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else {}
-        vocab_size = _vocabulary_size(model, init_kwargs)
-        if vocab_size is not None:
-            check_top_k_vocabulary(self._score_plan.top_k, vocab_size)
+        options = {key: init_kwargs[key] for key in ("revision", "trust_remote_code") if key in init_kwargs}
+        check_model_vocabulary(self._score_plan.top_k, model, **options)
 
     def _install_score_centering(self) -> None:
         """After ``GRPOTrainer.__init__``: capture, the top-k head, the server check, the controller."""
+        if self._score_plan is None:
+            return
         from accelerate.utils import broadcast_object_list, is_peft_model
 
-        from trl_length_plugin.trl_integration._host import check_score_centering_host
-
-        check_score_centering_host(self)
+        _host.check_score_centering_host(self)
         plan = self._score_plan
         peft = is_peft_model(self.model)
         target = self.model.get_base_model() if peft else self.model
@@ -282,10 +125,8 @@ class ScoreCenteringMixin:
             if verdict[0] is not None:
                 raise ValueError(verdict[0])
         self._capture = vllm_topk.TopkCapture(generation, plan.top_k)
-        self._head_request: HeadRequest | None = None
-        self._generation_request: HeadRequest | None = None
-        self._generation_heads: tuple[torch.Tensor, torch.Tensor] | None = None
-        install_topk_head(target, lambda: self._head_request)
+        self._centering = _CenteringStep()
+        install_topk_head(target, lambda: self._centering.armed)
         self._controller = None
         if plan.mode == "adaptive-ppo-clip":
             self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
@@ -313,18 +154,19 @@ class ScoreCenteringMixin:
             padding_side="right",
             pad_to_multiple_of=multiple,
         )
-        self._generation_heads = (ids.to(device), logprobs.to(device))
+        step = self._centering
+        step.heads = (ids.to(device), logprobs.to(device))
         if self._score_plan.replay:  # TRL's old logprobs must be kept-set normalized like vLLM's
-            self._generation_request = HeadRequest(*self._generation_heads, replay=True)
+            step.generation_request = HeadRequest(*step.heads, replay=True)
         return output
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
         if self._score_plan is None:
             return output
-        self._generation_request = None
-        ids, logprobs = self._generation_heads
-        self._generation_heads = None
+        _host.check_score_centering_batch(output, self._score_plan.writes_weights)
+        step = self._centering
+        (ids, logprobs), step.heads, step.generation_request = step.heads, None, None
         if ids.shape[:2] != output["completion_ids"].shape:
             raise RuntimeError(
                 f"score centering: heads {tuple(ids.shape)} for completions {tuple(output['completion_ids'].shape)}"
@@ -340,45 +182,46 @@ class ScoreCenteringMixin:
     def _sampled_token_weights(self, inputs: dict) -> torch.Tensor:
         """The sampled-token weights of ``is`` / ``adaptive-ppo-clip`` from TRL's old and sampler logprobs (the
         ratio TRL computes, before its own truncation)."""
-        plan, advantages = self._score_plan, inputs["advantages"]
-        return sampled_token_weights_from_logprobs(
+        advantages = inputs["advantages"]
+        return plan_sampled_token_weights(
+            self._score_plan,
+            self._adaptive_k,
             inputs["old_per_token_logps"],
             inputs["sampling_per_token_logps"],
             inputs["completion_mask"] * inputs.get("tool_mask", 1),
-            plan.mode,
-            plan.bounds_at(self._adaptive_k),
             advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
-            plan.outer_bound,
         )
 
     # -- the forward --------------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(
         self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
     ):
-        request = None
-        if self._score_plan is not None:
-            request = self._loss_request if kwargs.get("compute_entropy") else self._generation_request
-        self._head_request = request
+        if self._score_plan is None:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        step = self._centering
+        request = step.loss_request if kwargs.get("compute_entropy") else step.generation_request
+        step.armed = request
         try:
             result = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
         finally:
-            self._head_request = None
-        if request is not None and request is self._loss_request:
-            self._loss_topk, self._loss_logps, self._loss_entropies = request.collect(), result[0], result[1]
+            step.armed = None
+        if request is not None and request is step.loss_request:
+            step.topk, step.logps, step.entropies = request.collect(), result[0], result[1]
         elif request is not None:
             request.collect()
         return result
-
-    _loss_request: HeadRequest | None = None
 
     # -- the loss -----------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
         plan = self._score_plan
         if plan is None:
             return super()._compute_loss(model, inputs)
-        self._loss_request = HeadRequest(
+        _host.check_training_loop(self)
+        self._centering.loss_request = HeadRequest(
             inputs["sampler_topk_ids"], inputs["sampler_topk_logprobs"], plan.replay
         )
         base_inputs = dict(inputs)
@@ -389,29 +232,25 @@ class ScoreCenteringMixin:
         try:
             loss = super()._compute_loss(model, base_inputs)
         finally:
-            self._loss_request = None
+            self._centering.loss_request = None
         return loss + self._centering_loss(inputs)
 
     def _centering_loss(self, inputs) -> torch.Tensor:
         """``A * C`` of this micro-batch with the base loss's masks and normalization; logs the metrics."""
-        plan, topk = self._score_plan, self._loss_topk
+        plan = self._score_plan
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-        bounds = plan.bounds_at(self._adaptive_k)
-        term = compute_score_centering_term(
-            topk,
+        outputs = score_centering_outputs(
+            plan,
+            self._adaptive_k,
+            self._centering.topk,
             sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
-            importance_sampling_mode=plan.mode,
-            is_bounds=bounds,
             token_mask=mask.bool(),
+            advantages=advantages,
             sampler_replay=plan.replay,
-            adaptive_ppo_clip_advantages=advantages.expand_as(mask)
-            if plan.mode == "adaptive-ppo-clip"
-            else None,
-            adaptive_ppo_clip_outer_bound=plan.outer_bound,
         )
-        per_token = advantages * term.correction * self._sample_masks(inputs, mask, advantages)
+        per_token = advantages * outputs.correction * self._sample_masks(inputs, mask, advantages)
         training = self.model.training
         loss = aggregate(
             per_token,
@@ -424,16 +263,16 @@ class ScoreCenteringMixin:
             steps_per_generation=self.args.steps_per_generation,
             max_completion_length=self.max_completion_length,
         )
-        self._log_score_centering(inputs, term.correction, mask, advantages, training)
+        self._log_score_centering(inputs, outputs.token_metrics, mask, advantages, training)
         return loss
 
     def _sample_masks(self, inputs, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor | float:
         """TRL's entropy and off-policy sequence masks of the base loss, recomputed from the same tensors."""
         masks = 1.0
         if self.top_entropy_quantile < 1.0:
-            masks = self.get_high_entropy_mask(self._loss_entropies, mask, 1 - self.top_entropy_quantile)
+            masks = self.get_high_entropy_mask(self._centering.entropies, mask, 1 - self.top_entropy_quantile)
         if self.off_policy_mask_threshold is not None:
-            logps = self._loss_logps.detach()
+            logps = self._centering.logps.detach()
             old = inputs.get("old_per_token_logps", logps)
             masks = masks * self.get_off_policy_mask(
                 advantages=advantages,
@@ -444,30 +283,22 @@ class ScoreCenteringMixin:
             )
         return masks
 
-    def _log_score_centering(self, inputs, correction, mask, advantages, training: bool) -> None:
+    def _log_score_centering(self, inputs, token_metrics, mask, advantages, training: bool) -> None:
         mode = "train" if training else "eval"
-        metrics = score_centering_metrics(
-            self._loss_topk,
-            sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
-            correction=correction,
-            token_mask=mask.bool(),
-            sampler_replay=self._score_plan.replay,
-        )
-        for key, value in metrics.items():
+        for key, value in batch_means(token_metrics, mask).items():
             self._metrics[mode][key].append(self.accelerator.gather(value).nanmean().item())
         if self._controller is None or not training:
             return
-        ratio = (self._loss_logps.detach() - inputs["sampling_per_token_logps"]).nan_to_num(0.0).exp()
         upper = self._score_plan.bounds_at(self._adaptive_k)[1]
-        counts = self._controller.counts(ratio, advantages.expand_as(mask), mask, upper)
+        counts = self._controller.counts_from_logprobs(
+            self._centering.logps, inputs["sampling_per_token_logps"], advantages, mask, upper
+        )
         self._controller.accumulate(self.accelerator.reduce(counts, reduction="sum"))
         if (
             self.accelerator.sync_gradients
         ):  # the step's last micro-batch: one controller step per optimizer step
-            self._metrics[mode]["score_centering/adaptive_clip_frac"].append(self._controller.step())
-            self._metrics[mode]["score_centering/adaptive_k"].append(
-                self._controller.k
-            )  # after the step (§5.6)
+            for key, value in self._controller.step_metrics().items():
+                self._metrics[mode][key].append(value)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
@@ -483,4 +314,4 @@ class ScoreCenteringMixin:
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._controller is not None and checkpoint is not None:
-            self._controller.load(checkpoint)
+            self._controller.restore(checkpoint)

@@ -23,15 +23,13 @@ from typing import Any
 
 import torch
 
-from trl_length_plugin.losses.score_centering_config import check_engine_cap
-from trl_length_plugin.vllm_capture import (
+from trl_length_plugin.score_centering.capture import (
     ScoreCenteringCaptureError,
     extract_flat_score_centering_samples,
     extract_listed_score_centering_samples,
     extract_sampled_token_logprobs,
 )
-
-VLLM_DEFAULT_MAX_LOGPROBS = 20
+from trl_length_plugin.score_centering.config import engine_logprob_cap
 
 
 @contextmanager
@@ -49,12 +47,12 @@ def engine_kwargs(extra: dict[str, Any]) -> Iterator[None]:
 
 def colocate_engine_kwargs(user: dict[str, Any], top_k: int) -> dict[str, Any]:
     """The engine arguments of a colocated engine: the user's ``vllm_engine_kwargs`` and, with score
-    centering (``top_k`` > 0), a logprob cap that admits K (vLLM's default is 20; -1, no cap, is kept)."""
+    centering (``top_k`` > 0), the core's logprob cap (``engine_logprob_cap``: one that admits K)."""
     extra = dict(user)
     if top_k:
-        check_engine_cap(user.get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs")
-        if "max_logprobs" not in user and top_k > VLLM_DEFAULT_MAX_LOGPROBS:
-            extra["max_logprobs"] = top_k
+        extra["max_logprobs"] = engine_logprob_cap(
+            user.get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
+        )
     return extra
 
 

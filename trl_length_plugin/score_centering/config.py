@@ -1,21 +1,24 @@
-"""The score-centering keys every host shares (docs/reference/score-centering.md §5.5, §5.7, §5.8).
+"""The score-centering keys every host shares, and the load-time rules every host applies to its own keys
+(docs/reference/score-centering.md §5.5, §5.7, §5.8).
 
-Host-independent rules only: the top-k count, the mode, ``force_on_policy_ratio`` and the adaptive
-controller's keys, validated together. Each host adds its own checks (its importance-sampling settings,
-sampling filters, the optimizer-update rule), resolves ``auto`` and derives adaptive-ppo-clip's bounds from
-its clip keys (:func:`adaptive_ppo_clip_bounds`); :class:`ScoreCenteringPlanBase` is what every host's
-resolved plan holds. Needs only pydantic.
+:class:`ScoreCenteringConfig` validates the top-k count, the mode, ``force_on_policy_ratio`` and the adaptive
+controller's keys together. A host describes its importance-sampling setting in the plugin's terms
+(:class:`HostWeights`, with its key names) and :func:`resolve_mode` resolves ``auto`` and the bounds; the
+bound, clip, sampling-filter, vocabulary and engine-cap rules take the host's key names, so every error is
+the host's own one line and no host rewrites it. :class:`ScoreCenteringPlanBase` is what every host's resolved
+plan holds. Needs only pydantic (``transformers``, which every host has, to read a model's vocabulary size).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
-from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool
+from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool, config_error, did_you_mean
 
 Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
 CONTROLLER_KEYS = (
@@ -82,6 +85,27 @@ class ScoreCenteringConfig(BaseModel):
 SCORE_CENTERING_KEYS = tuple(ScoreCenteringConfig.model_fields)
 
 
+def load_score_centering_config(values: Mapping[str, Any]) -> ScoreCenteringConfig:
+    """The shared keys from a host's settings (``values``: key -> plain value; any other key is ignored, but
+    a ``score_centering*`` key that is not one of them is refused with a hint), validated; an error is one
+    line naming the key (reference §5.5)."""
+    unknown = [
+        key for key in values if str(key).startswith("score_centering") and key not in SCORE_CENTERING_KEYS
+    ]
+    if unknown:
+        hint = (
+            did_you_mean(unknown[0], SCORE_CENTERING_KEYS)
+            or f"; expected one of {', '.join(SCORE_CENTERING_KEYS)}"
+        )
+        raise ValueError(f"{unknown[0]}: unknown score-centering key{hint}")
+    try:
+        return ScoreCenteringConfig.model_validate(
+            {key: values[key] for key in SCORE_CENTERING_KEYS if key in values}
+        )
+    except ValidationError as err:
+        raise ValueError(config_error(err)) from None
+
+
 def _finite(value, key: str) -> float:
     """A real, finite number (not a boolean), else an error naming ``key``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -146,10 +170,39 @@ def check_clip_range(low: float, high: float, low_key: str, high_key: str) -> No
         )
 
 
+def check_base_clip(
+    config: ScoreCenteringConfig, values: Mapping[str, float | None], low_key: str, high_key: str
+) -> None:
+    """The base loss's clip keys under score centering (reference §5.5): ``values`` (the host's keys, None:
+    unset) finite, the keys in effect (``low_key``, ``high_key``) set, and their clip range not empty, except
+    under adaptive-ppo-clip, whose rule is :func:`adaptive_ppo_clip_bounds`."""
+    check_clip_keys(values)
+    low, high = _finite(values[low_key], low_key), _finite(values[high_key], high_key)
+    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
+        check_clip_range(low, high, low_key, high_key)
+
+
 def check_top_k_vocabulary(top_k: int, vocab_size: int) -> None:
     """K is at most the model's vocabulary size (reference §5.5); checked when the host knows the model."""
     if top_k > vocab_size:
         raise ValueError(f"score_centering_top_k: {top_k} is above the model's vocabulary size {vocab_size}")
+
+
+def check_model_vocabulary(top_k: int, model: Any, **options: Any) -> None:
+    """:func:`check_top_k_vocabulary` against ``model``'s vocabulary before its weights load: a model object's
+    config, or for a path or Hub name only its ``config.json`` (``options``: ``revision``,
+    ``trust_remote_code``); skipped when no config can be read (loading the model then fails on its own)."""
+    config = getattr(model, "config", None)
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        try:
+            config = AutoConfig.from_pretrained(model, **options)
+        except (OSError, ValueError):
+            return
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None) if config is not None else None
+    if vocab_size is not None:
+        check_top_k_vocabulary(top_k, vocab_size)
 
 
 def check_engine_cap(cap, top_k: int, key: str) -> None:
@@ -160,6 +213,17 @@ def check_engine_cap(cap, top_k: int, key: str) -> None:
         raise ValueError(f"{key}: expected an integer (-1: no cap), got {cap!r}")
     if cap != -1 and cap < top_k:
         raise ValueError(f"{key}: {cap} is below score_centering_top_k={top_k}; raise it or use -1 (no cap)")
+
+
+#: vLLM's default ``max_logprobs``
+VLLM_DEFAULT_MAX_LOGPROBS = 20
+
+
+def engine_logprob_cap(cap, top_k: int, key: str) -> int:
+    """The ``max_logprobs`` a host gives its vLLM engine under score centering: the config's (checked by
+    :func:`check_engine_cap`; -1: no cap) or, unset, one that admits K (vLLM's default when K fits in it)."""
+    check_engine_cap(cap, top_k, key)
+    return max(top_k, VLLM_DEFAULT_MAX_LOGPROBS) if cap is None else cap
 
 
 def refuse_sequence_ratio(setting: str) -> NoReturn:
@@ -195,6 +259,54 @@ def sampling_filter_error(name: str, value) -> str | None:
     return f"must be {rule}, got {value!r}"
 
 
+def check_sampling_filters(settings: Mapping[str, Mapping[str, Any]]) -> None:
+    """A host's sampling filters in vLLM's ranges (:func:`sampling_filter_error`), at load time with or without
+    score centering (reference §5.2): ``settings`` maps a key prefix (``""``, ``"generation_kwargs."``, ...) to
+    the filter values under it; the error names ``prefix + name``."""
+    for prefix, values in settings.items():
+        for name in SAMPLING_FILTER_RULES:
+            error = sampling_filter_error(name, values.get(name))
+            if error is not None:
+                raise ValueError(f"{prefix}{name}: {error}")
+
+
+#: the modes whose sampled-token weights the plugin writes in place of the host's
+WRITTEN_MODES = ("is", "adaptive-ppo-clip")
+
+
+@dataclass(frozen=True)
+class HostWeights:
+    """A host's importance-sampling setting in the plugin's terms (reference §5.5, §5.7), in the host's keys."""
+
+    derived: str
+    """The mode the host's own sampled-token weights apply: ``off``, ``tis`` or ``icepop``."""
+    carries_written: bool
+    """Whether the plugin's ``is`` / ``adaptive-ppo-clip`` weights can take the place of the host's."""
+    needs: Callable[[str], str]
+    """For a mode this setting refuses: what it needs, in the host's keys (the error's tail)."""
+    bounds: Callable[[str], tuple[float, float]]
+    """tis's or icepop's bounds from the host's keys, checked (:func:`check_is_bounds`)."""
+    clip: tuple[Any, Any, str, str]
+    """The base loss's clip ``(low, high, low_key, high_key)``: adaptive-ppo-clip's lo and hi."""
+
+
+def resolve_mode(
+    config: ScoreCenteringConfig, host: HostWeights
+) -> tuple[str, tuple[float, float] | None, float | None]:
+    """The mode (``auto``: the host's), its bounds and the outer bound (reference §5.5, §5.7), for every host;
+    a mode the host's setting cannot run is refused naming what it needs."""
+    wanted = config.score_centering_importance_sampling
+    mode = host.derived if wanted == "auto" else wanted
+    admitted = {host.derived, *(WRITTEN_MODES if host.carries_written else ())}
+    if mode not in admitted:
+        raise ValueError(f"score_centering_importance_sampling: {mode!r} {host.needs(mode)}")
+    if mode in ("tis", "icepop"):
+        return mode, host.bounds(mode), None
+    if mode == "adaptive-ppo-clip":
+        return mode, *adaptive_ppo_clip_bounds(config, *host.clip)
+    return mode, None, None
+
+
 @dataclass(frozen=True)
 class ScoreCenteringPlanBase:
     """What every host resolves (reference §5.5, §5.7): K, the mode and its bounds (adaptive-ppo-clip: (lo, hi)
@@ -210,7 +322,7 @@ class ScoreCenteringPlanBase:
     @property
     def writes_weights(self) -> bool:
         """No host has untruncated token IS or the adaptive filter: the plugin writes those sampled-token weights."""
-        return self.mode in ("is", "adaptive-ppo-clip")
+        return self.mode in WRITTEN_MODES
 
     def bounds_at(self, k: float) -> tuple[float, float] | None:
         """The bounds for this step: adaptive-ppo-clip's (lo, hi + k), the mode's own bounds otherwise."""

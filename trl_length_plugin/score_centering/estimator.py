@@ -167,6 +167,20 @@ def _check_mode_arguments(
             )
 
 
+def _correction(
+    head: _Head,
+    mode: str,
+    is_bounds: tuple[float, float] | None,
+    advantages: torch.Tensor | None,
+    outer_bound: float | None,
+) -> torch.Tensor:
+    """C at every position from its head (the table's coefficients, detached, times log p)."""
+    head_mass, alpha = _coefficients(head, mode, is_bounds, advantages, outer_bound)
+    # Untruncated IS: m = p and alpha = 1, so m - alpha * p is exactly 0.0 in floating point and C == 0.
+    coefficient = torch.where(head.slots, head_mass - alpha.unsqueeze(-1) * head.p, 0.0)
+    return (coefficient.detach() * head.log_p).sum(-1)
+
+
 def compute_score_centering_term(
     policy_logprobs_at_sampler_topk: torch.Tensor,
     *,
@@ -205,12 +219,9 @@ def compute_score_centering_term(
         adaptive_ppo_clip_outer_bound,
     )
     head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
-    head_mass, alpha = _coefficients(
+    correction = _correction(
         head, importance_sampling_mode, is_bounds, adaptive_ppo_clip_advantages, adaptive_ppo_clip_outer_bound
     )
-    # Untruncated IS: m = p and alpha = 1, so m - alpha * p is exactly 0.0 in floating point and C == 0.
-    coefficient = torch.where(head.slots, head_mass - alpha.unsqueeze(-1) * head.p, 0.0)
-    correction = (coefficient.detach() * head.log_p).sum(-1)
     return ScoreCenteringTerm(correction=correction, sampler_head_mass=head.q.sum(-1))
 
 
@@ -270,6 +281,14 @@ def score_centering_token_metrics(
     (verl's global token count). Keys as :func:`score_centering_metrics`."""
     with torch.no_grad():
         head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
+        return _token_metrics(head, correction, token_mask)
+
+
+def _token_metrics(
+    head: _Head, correction: torch.Tensor, token_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The §5.6 values at every position from its head, detached, 0 at masked positions."""
+    with torch.no_grad():
         mask = token_mask.bool()
         values = (head.q.sum(-1), head.p.sum(-1), head.rho, correction.detach().abs())
         return {key: torch.where(mask, value, 0.0) for key, value in zip(METRIC_KEYS, values, strict=True)}
@@ -295,5 +314,62 @@ def score_centering_metrics(
         token_mask=token_mask,
         sampler_replay=sampler_replay,
     )
+    return batch_means(values, token_mask)
+
+
+def batch_means(token_metrics: dict[str, torch.Tensor], token_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position values (0 at masked positions) as means over the unmasked positions (none: 0)."""
     count = token_mask.bool().sum().clamp(min=1)
-    return {key: value.sum() / count for key, value in values.items()}
+    return {key: value.sum() / count for key, value in token_metrics.items()}
+
+
+class ScoreCenteringOutputs(NamedTuple):
+    """What one micro-batch's loss needs (:func:`score_centering_outputs`), from one head computation."""
+
+    correction: torch.Tensor
+    """C per position, as :func:`compute_score_centering_term`."""
+    token_metrics: dict[str, torch.Tensor]
+    """The §5.6 values per position, as :func:`score_centering_token_metrics`."""
+
+
+def score_centering_outputs(
+    plan,
+    k: float,
+    policy_logprobs_at_sampler_topk: torch.Tensor,
+    *,
+    sampler_topk_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    advantages: torch.Tensor | None,
+    sampler_replay: bool,
+) -> ScoreCenteringOutputs:
+    """C and the §5.6 values of a host's micro-batch under its resolved ``plan``
+    (``config.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
+    §5.1, §5.6, §5.7): the head is computed once for both. ``advantages`` (broadcast to ``token_mask``) are
+    read only under adaptive-ppo-clip."""
+    adaptive = plan.mode == "adaptive-ppo-clip"
+    advantages = advantages.expand_as(token_mask) if adaptive else None
+    _check_mode_arguments(plan.mode, plan.bounds_at(k), token_mask, advantages, plan.outer_bound)
+    head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
+    correction = _correction(head, plan.mode, plan.bounds_at(k), advantages, plan.outer_bound)
+    return ScoreCenteringOutputs(correction, _token_metrics(head, correction, token_mask))
+
+
+def plan_sampled_token_weights(
+    plan,
+    k: float,
+    old_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    token_mask: torch.Tensor,
+    advantages: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`sampled_token_weights_from_logprobs` under a host's resolved ``plan`` at the controller's offset
+    ``k``: the weights the plugin writes for ``is`` and ``adaptive-ppo-clip`` (reference §5.5, §5.7)."""
+    return sampled_token_weights_from_logprobs(
+        old_logprobs,
+        sampler_logprobs,
+        token_mask,
+        plan.mode,
+        plan.bounds_at(k),
+        advantages,
+        plan.outer_bound,
+    )

@@ -18,7 +18,8 @@ own logprob is chosen by its id (:func:`extract_sampled_token_logprobs`), never 
 (with K > 0, TRL's ``lp[0]`` is the most likely token, not the sampled one).
 
 Every failed check raises :class:`ScoreCenteringCaptureError` naming the check and the position; nothing is
-floored, renormalized or silently dropped.
+floored, renormalized or silently dropped. At load time a host checks its sampling keys against the same
+request rules with :func:`check_sampling_settings`, whose errors name the host's keys.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from trl_length_plugin.losses.score_centering_config import sampling_filter_error
+from trl_length_plugin.score_centering.config import sampling_filter_error
 
 MAX_LOGPROB = 1e-5
 MAX_HEAD_MASS = 1.0001
@@ -195,6 +196,67 @@ def validate_score_centering_request(
             "sampling_filter",
             f"under sampler replay the head must hold the kept set: top_k={filters['top_k']} > K={k}",
         )
+
+
+_FILTER_NAMES = ("top_p", "top_k", "min_p")
+
+
+def check_sampling_settings(
+    sampling: Mapping[str, Any],
+    top_k: int,
+    keys: Mapping[str, str],
+    *,
+    logprobs_mode: str = "processed_logprobs",
+    replay_supported: bool,
+) -> bool:
+    """A host's sampling settings (``temperature``, ``top_k``, ``top_p``, ``min_p``; None or missing: vLLM's
+    neutral value) under :func:`validate_score_centering_request`, at load time (reference §5.2, §5.5); returns
+    whether sampler replay runs (``replay_supported`` and a filter on). Errors are ValueErrors naming the host's
+    key for each setting (``keys``: setting name -> the host's key, ``logprobs_mode`` included)."""
+    values = {name: sampling.get(name) for name in ("temperature", *_FILTER_NAMES)}
+    top_k_filter, top_p, min_p = values["top_k"] or 0, _field(values, "top_p", 1.0), values["min_p"] or 0.0
+    active = [
+        name
+        for name, on in zip(_FILTER_NAMES, (top_p < 1.0, top_k_filter > 0, min_p > 0.0), strict=True)
+        if on
+    ]
+    replay = replay_supported and bool(active)
+    request = {"logprobs": top_k, **{name: value for name, value in values.items() if value is not None}}
+    failed = None
+    try:
+        validate_score_centering_request(request, top_k, logprobs_mode=logprobs_mode, sampler_replay=replay)
+    except ScoreCenteringCaptureError as err:
+        failed = err.check
+    if failed is None and replay and not 1 <= top_k_filter <= top_k:  # the head must hold the kept set
+        failed = "sampling_filter"
+    if failed is not None:
+        raise ValueError(
+            _settings_error(failed, values, top_k, keys, logprobs_mode, active, replay_supported)
+        )
+    return replay
+
+
+def _settings_error(
+    check: str, values: dict, top_k: int, keys: Mapping[str, str], mode: str, active: list, replay: bool
+) -> str:
+    """:func:`check_sampling_settings`' one line for a failed request check, in the host's keys."""
+    if check == "temperature":
+        return f"{keys['temperature']}: score centering needs a positive finite temperature, got {values['temperature']}"
+    if check == "sampling_filter" and replay:
+        return (
+            f"{keys['top_k']}: sampling filters need sampler replay, whose head must hold the kept set: set "
+            f"{keys['top_k']} between 1 and score_centering_top_k={top_k} (top_p and min_p only shrink it), got "
+            f"top_k={values['top_k'] or 0}"
+        )
+    if check == "sampling_filter":
+        return (
+            f"{keys[active[0]]}: sampling filters need sampler replay, which this integration does not do; sample "
+            f"with top_p=1.0 top_k=-1 (got top_p={values['top_p']}, top_k={values['top_k']})"
+        )
+    return (
+        f"{keys['logprobs_mode']}: score centering needs the sampler's own probabilities: processed_logprobs "
+        f"(raw_logprobs only at temperature 1), got {mode!r}"
+    )
 
 
 def _first(bad: np.ndarray) -> int:

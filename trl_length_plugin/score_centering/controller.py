@@ -1,15 +1,19 @@
 """The adaptive-ppo-clip controller: the offset k of the upper bound hi + k, stepped once per optimizer step
-(docs/reference/score-centering.md §5.7). Shared by every host.
+(docs/reference/score-centering.md §5.7), with its metric names (§5.6) and its checkpoint file. Shared by
+every host: a host sums the counts over its processes and calls :meth:`AdaptiveClipController.step_metrics`
+once per optimizer step, :meth:`~AdaptiveClipController.save` and :meth:`~AdaptiveClipController.restore`
+with its checkpoint folders.
 
 After each optimizer step, f is the fraction of valid sampled tokens with A > 0 whose ratio r = p(y) / q(y)
 (trainer over sampler, detached) exceeds hi + k, over the whole step and every process (the host sums the
 counts); then k <- clamp(k + delta if f > target else k - delta, k_min, k_max). Hosts keep its state in
-``STATE_FILE`` inside each checkpoint folder (:meth:`AdaptiveClipController.save`, :meth:`~AdaptiveClipController.load`).
+``STATE_FILE`` inside each checkpoint folder.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 
@@ -17,6 +21,10 @@ import torch
 
 #: the controller's state in a checkpoint folder
 STATE_FILE = "score_centering_state.json"
+#: the controller's metrics of each optimizer step (reference §5.6): f, and k after the step
+CLIP_FRACTION_METRIC = "score_centering/adaptive_clip_frac"
+K_METRIC = "score_centering/adaptive_k"
+logger = logging.getLogger("trl_length_plugin")
 
 
 @dataclass
@@ -51,6 +59,21 @@ class AdaptiveClipController:
             positive = mask.bool() & (advantages > 0)
             return torch.stack([(positive & (ratio > upper)).sum(), positive.sum()]).double()
 
+    @classmethod
+    def counts_from_logprobs(
+        cls,
+        logprobs: torch.Tensor,
+        sampler_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        upper: float,
+    ) -> torch.Tensor:
+        """:meth:`counts` of the ratio r = exp(logprobs - sampler_logprobs) of each sampled token (trainer over
+        sampler, detached; 1 outside ``mask``), ``advantages`` broadcast to ``mask``."""
+        with torch.no_grad():
+            ratio = torch.where(mask.bool(), logprobs.detach() - sampler_logprobs, 0.0).exp()
+            return cls.counts(ratio, advantages.expand_as(mask), mask, upper)
+
     def accumulate(self, counts: torch.Tensor) -> None:
         """Add one micro-batch's (globally summed) counts."""
         clipped, positive = counts.tolist()
@@ -65,6 +88,11 @@ class AdaptiveClipController:
         self.clipped = self.positive = 0.0
         return fraction
 
+    def step_metrics(self) -> dict[str, float]:
+        """:meth:`step`, as the step's metrics: f and k after the step (reference §5.6)."""
+        fraction = self.step()
+        return {CLIP_FRACTION_METRIC: fraction, K_METRIC: self.k}
+
     def state_dict(self) -> dict:
         return asdict(self)
 
@@ -73,7 +101,8 @@ class AdaptiveClipController:
             setattr(self, name, value)
 
     def save(self, folder: str) -> None:
-        """Write the state to ``folder/STATE_FILE``."""
+        """Write the state to ``folder/STATE_FILE`` (the folder is made when missing)."""
+        os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, STATE_FILE), "w") as state:
             json.dump(self.state_dict(), state)
 
@@ -85,3 +114,11 @@ class AdaptiveClipController:
         with open(path) as state:
             self.load_state_dict(json.load(state))
         return True
+
+    def restore(self, folder: str) -> None:
+        """On resume from ``folder``: :meth:`load`, with a warning when the checkpoint has no state."""
+        if not self.load(folder):
+            logger.warning(
+                "trl-length-plugin: %s not found; the adaptive-ppo-clip controller restarts from k_init",
+                os.path.join(folder, STATE_FILE),
+            )
