@@ -11,23 +11,10 @@ import pytest
 import torch
 
 from tests.test_verl_shaping import run_advantage_step, words
-from tests.verl_length_helpers import Rollout, local_transfer_queue, make_trainer
+from tests.verl_length_helpers import Rollout, make_trainer
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, measure_lengths, shape_rollouts
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def store():
-    with local_transfer_queue():
-        yield
-
-
-@pytest.fixture(scope="module")
-def tokenizer(random_model_dir):
-    from trl_length_plugin.embedded import load_tokenizer
-
-    return load_tokenizer(random_model_dir)
 
 
 def test_exact_at_verls_call_site(store, tokenizer, tmp_path):
