@@ -50,6 +50,8 @@ CLIP = {"epsilon": 2e-3, "epsilon_high": 2.5e-3}  # LUSPO's clip range (docs/ref
 #: the penalty keys that read per-prompt profiles or bands (docs/reference/length-penalties.md §2.14)
 PROFILE_KEYS = ("profiled_length_penalty", "profile_band_total", "group_length_penalty_profile_gate")
 MARKERS = "osD^vP*Xh<>p"
+#: accuracy loss (points) beyond which an arm is named beside the Pareto plot instead of drawn in it
+OFF_CHART = 20.0
 #: TRL's shaping metrics shown per arm, averaged over steps (reference §2.15, length-coefficient.md §3.1)
 STATS = {
     "length_penalty/reward_delta_mean": "penalties: reward change / rollout",
@@ -700,12 +702,20 @@ def pareto_front(rows: list[dict]) -> list[dict]:
 
 def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     """Held-out length change (x) and accuracy change (y) vs plain GRPO, one point per arm with the 95%
-    bootstrap intervals of its paired differences, the Pareto front and the target region."""
+    bootstrap intervals of its paired differences, the Pareto front and the target region. Arms that lose more
+    than ``OFF_CHART`` accuracy points are named under the title instead, so the others stay readable."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    off = [r for r in rows if r["accuracy_change"][0] < -OFF_CHART]
+    rows = [r for r in rows if r not in off]
+    if off:
+        title += "\noff the chart (accuracy): " + ", ".join(
+            f"{r['arm'].name} {r['accuracy_change'][0]:+.1f} points, {r['length_change'][0]:+.1f}%"
+            for r in off
+        )
     fig, ax = plt.subplots(figsize=(13, 7))
     ax.axvspan(-100, -TARGET_LENGTH_CUT, color="tab:green", alpha=0.06)
     ax.axhline(-MAX_ACCURACY_LOSS, color="tab:green", lw=0.8, ls="--")

@@ -147,7 +147,7 @@ REASONING = Task(
     reasoning_training_dataset,
     best_name="group-relative 1.0",
     best_keys=dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}}),
-    best_peer="TRL cosine",
+    best_peer="Kimi k1.5 length reward 1.0",
     grid_summary="efficacy_reasoning_runs.json",
     warm_seed=0,
 )
