@@ -338,10 +338,10 @@ def grid_rows(task: Task, seed: int, steps: int) -> dict[str, dict]:
 
 def print_row(label: str, train: dict | None, held_out: dict) -> None:
     train_cells = f"{train['length']:>9.2f} {train['accuracy']:>9.3f}" if train else f"{'':>9} {'':>9}"
-    print(f"[demo] {label:<48} {train_cells} {held_out['length']:>9.2f} {held_out['accuracy']:>9.3f}")
+    print(f"[demo] {label:<58} {train_cells} {held_out['length']:>9.2f} {held_out['accuracy']:>9.3f}")
     for level in held_out.get("levels", []):
         print(
-            f"[demo] {'  level ' + str(level['level']) + ' (' + str(level['samples']) + ' samples)':<48} "
+            f"[demo] {'  level ' + str(level['level']) + ' (' + str(level['samples']) + ' samples)':<58} "
             f"{'':>9} {'':>9} {level['length']:>9.2f} {level['accuracy']:>9.3f}   skipping "
             f"{100 * level['skipped']:.1f}%, {level['redundant']:.2f} redundant clauses"
         )
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> Path:
     )
     history = run["history"]
     print(
-        f"\n[demo] {'':<48} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
+        f"\n[demo] {'':<58} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
         f"   (train: last 10 steps; eval: {len(task.held_out())} held-out problems x {EVAL_SAMPLES})"
     )
     train = dict(length=tail_mean(history, LENGTH_KEY), accuracy=tail_mean(history, ACCURACY_KEY))
