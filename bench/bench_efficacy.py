@@ -502,7 +502,7 @@ def run_grid(
     return records
 
 
-#: bootstrap resamples of the seeds for each interval (docs/efficacy.md, "Statistics")
+#: bootstrap resamples of the seeds for each interval (docs/efficacy.md, "Setup")
 BOOTSTRAP_RESAMPLES = 10_000
 
 

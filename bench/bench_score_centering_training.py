@@ -200,7 +200,7 @@ def train_run(arm: Arm, seed: int, args: argparse.Namespace) -> dict:
     return dict(
         arm=arm.name,
         seed=seed,
-        settings=settings(args),
+        settings=settings(arm, args),
         eval={
             **demo.held_out_figures(completions, held_out),
             "kl_to_warm": kl_to_warm(trainer, warm, tokenizer, completions, held_out),
@@ -239,16 +239,24 @@ def kl_to_warm(trained, warm, tokenizer, completions: list[dict], held_out) -> f
     return total / max(count, 1)
 
 
-def settings(args: argparse.Namespace) -> dict:
-    """Everything a run's result depends on; a stored run with other settings is redone."""
+def settings(arm: Arm, args: argparse.Namespace) -> dict:
+    """Everything a run's result depends on (its loss, K where C is on, the sampling and training constants);
+    a stored run with other settings is redone."""
+    task = demo.REASONING
     return dict(
+        mode=arm.mode,
+        bounds=list(arm.bounds) if arm.bounds else None,
+        centering=arm.centering,
+        k=args.k if arm.centering else None,
         steps=args.steps,
         lag=args.lag,
-        k=args.k,
         learning_rate=args.learning_rate,
         eval_samples=args.eval_samples,
-        training=demo.REASONING.training,
-        warm_seed=demo.REASONING.warm_seed,
+        prompts=PROMPTS,
+        generations=GENERATIONS,
+        ratio_band=list(RATIO_BAND),
+        max_length=task.max_length,
+        warm_seed=task.warm_seed,
     )
 
 
@@ -263,7 +271,7 @@ def run_all(arms: list[Arm], seeds: list[int], args: argparse.Namespace) -> list
     for arm, seed in tqdm(todo, desc="runs", unit="run"):
         path = runs / f"{slug(arm.name)}-seed{seed}.json"
         stored = json.loads(path.read_text()) if path.exists() else None
-        if stored is None or stored["settings"] != settings(args):
+        if stored is None or stored["settings"] != settings(arm, args):
             stored = train_run(arm, seed, args)
             path.write_text(json.dumps(stored))
         records.append(stored)
@@ -294,7 +302,7 @@ def tables(records: list[dict], arms: list[Arm]) -> str:
     for name in names:
         mine = [r for (arm, _), r in by_run.items() if arm == name]
         cells = [
-            f"{statistics.fmean(figure(r, key, s) for r in mine):.2f} ({statistics.pstdev(figure(r, key, s) for r in mine):.2f})"
+            f"{statistics.fmean(figure(r, key, s) for r in mine):.2f} ({statistics.stdev(figure(r, key, s) for r in mine) if len(mine) > 1 else 0.0:.2f})"
             for key, _, s in FIGURES
         ]
         lines.append(f"| {name} | {len(mine)} | " + " | ".join(cells) + " |")

@@ -148,7 +148,7 @@ REASONING = Task(
     best_name="group-relative 1.0",
     best_keys=dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}}),
     best_peer="Kimi k1.5 length reward 1.0",
-    grid_summary="efficacy_reasoning_runs.json",
+    grid_summary="efficacy_reasoning10_runs.json",
     warm_seed=0,
 )
 #: the task ``make demo`` and the comparison of docs/efficacy.md use
@@ -325,14 +325,21 @@ def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
 
 def grid_rows(task: Task, seed: int, steps: int) -> dict[str, dict]:
     """The stored grid runs (docs/efficacy.md's committed summary of ``task``) of plain GRPO, the task's best
-    arm and best peer arm at ``seed`` and ``steps``: arm name -> record with ``train`` and ``eval``; empty
-    where the summary lacks them."""
+    arm and best peer arm at ``seed`` and ``steps`` with the task's training settings and warm model: arm name
+    -> record with ``train`` and ``eval``; empty where the summary lacks them."""
     path = Path(__file__).resolve().parent / "docs" / task.grid_summary
     if not path.exists():
         return {}
     wanted = (PLAIN_NAME, task.best_name, task.best_peer)
     runs = json.loads(path.read_text())["runs"]
-    found = {r["arm"]: r for r in runs if r["seed"] == seed and r["settings"]["steps"] == steps}
+    found = {
+        r["arm"]: r
+        for r in runs
+        if r["seed"] == seed
+        and r["settings"]["steps"] == steps
+        and r["settings"]["training"] == task.training
+        and r["settings"].get("warm_seed") == task.warm_seed
+    }
     return {name: found[name] for name in wanted if name in found}
 
 

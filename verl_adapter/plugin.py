@@ -7,9 +7,10 @@ in the TaskRunner, the losses in the actor workers), and a bare ``import verl`` 
 the plugin (``bench/bench_verl_import.py``).
 
 verl swallows plugin import errors at debug level, so a failure in a registering module is logged at ERROR
-level with the traceback, kept in ``LOAD_ERRORS``, and fails closed: every verl trainer then refuses, in the
-TaskRunner before any worker starts, a config that uses one of the plugin's keys or its ``luspo`` loss,
-naming the load error, instead of training on raw rewards (docs/reference/product.md §1.5).
+level with the traceback, kept in ``LOAD_ERRORS`` of that process, and fails closed there: a verl trainer
+then refuses, before any worker starts, a config that uses one of the plugin's keys or its ``luspo`` loss,
+naming the load error, instead of training on raw rewards (docs/reference/product.md §1.5). A module that
+only a worker imports (the losses) fails in that worker, when verl imports the module it registers with.
 """
 
 from __future__ import annotations
