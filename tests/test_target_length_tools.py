@@ -184,3 +184,22 @@ def test_profile_writes_the_targets_into_the_prompts(tmp_path, capsys):
     assert asked == [f"{original[0]} Think for 6 tokens.", *original[1:]]
     status, _, err = profile(capsys, rollouts, "-o", tmp_path / "x", *flags[:-2], "--target-prompt")
     assert status == 2 and "--target-prompt needs --targets and a TEMPLATE with {n}" in err
+
+
+def test_gsm8k_rows_get_a_seeded_target_in_the_range_and_a_prompt_asking_for_it():
+    """The GPU recipe's mapping (recipe:target_length): L1's uniform targets, the same for the same question."""
+    from trl_length_plugin.trl_integration.tasks import GSM8K_TARGET_RANGE, gsm8k_prompt_with_target
+
+    rows = [{"question": f"What is {i} + {i}?", "answer": f"... #### {2 * i}"} for i in range(200)]
+    mapped = [gsm8k_prompt_with_target(row) for row in rows]
+    targets = [row["target_length"] for row in mapped]
+    low, high = GSM8K_TARGET_RANGE
+    assert all(low <= t <= high for t in targets) and len(set(targets)) > 100
+    assert [gsm8k_prompt_with_target(row)["target_length"] for row in rows] == targets
+    first = mapped[0]
+    assert first["answer"] == "0"
+    assert first["prompt"][-1] == {
+        "role": "user",
+        "content": f"What is 0 + 0? Think for maximum {targets[0]} tokens.",
+    }
+    assert first["prompt"][0]["role"] == "system"

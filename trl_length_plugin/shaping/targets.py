@@ -55,9 +55,10 @@ def prompt_with_target(prompt: Any, n: float, template: str = DEFAULT_TEMPLATE) 
     return messages
 
 
-def sampled_target(seed: int, index: int, low: int, high: int) -> int:
+def sampled_target(seed: int, index: int | str, low: int, high: int) -> int:
     """Row ``index``'s target drawn uniformly from the integers ``low..high``: a function of ``(seed,
-    index)`` only, so a streaming dataset gets the same targets as a map-style one."""
+    index)`` only, so a streaming dataset gets the same targets as a map-style one (``index``: the row's
+    position, or any stable key of the row such as its question)."""
     return random.Random(f"{seed}/{index}").randint(low, high)
 
 

@@ -1,7 +1,7 @@
 """GSM8K helpers for the real-model recipes (``recipes/trl``): a prompt mapping and a binary reward.
 
 Used by dotted path from a recipe: ``dataset_map: trl_length_plugin.trl_integration.tasks.gsm8k_prompt``
-and ``reward_funcs: [trl_length_plugin.trl_integration.tasks.gsm8k_correctness]``.
+(or ``gsm8k_prompt_with_target`` for the target-length recipe) and ``reward_funcs: [trl_length_plugin.trl_integration.tasks.gsm8k_correctness]``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,23 @@ def gsm8k_prompt(example: dict) -> dict:
         ],
         "answer": example["answer"].rsplit("####", 1)[-1].strip().replace(",", ""),
     }
+
+
+#: the target range of ``gsm8k_prompt_with_target``: L1 samples targets uniformly (arXiv 2503.04697), here within
+#: the GPU recipes' 512-token completions
+GSM8K_TARGET_RANGE = (100, 400)
+
+
+def gsm8k_prompt_with_target(example: dict) -> dict:
+    """``gsm8k_prompt`` with a ``target_length`` drawn uniformly from ``GSM8K_TARGET_RANGE`` (seeded by the
+    question, so the same row always gets the same target) and the user message asking for it ("Think for
+    maximum N tokens.", docs/reference/length-penalties.md §2.20)."""
+    from trl_length_plugin.shaping.targets import prompt_with_target, sampled_target
+
+    row = gsm8k_prompt(example)
+    target = sampled_target(0, example["question"], *GSM8K_TARGET_RANGE)
+    row["prompt"] = prompt_with_target(row["prompt"], target, "Think for maximum {n} tokens.")
+    return {**row, "target_length": target}
 
 
 def _final_number(text: str) -> str | None:
