@@ -1,4 +1,4 @@
-"""Score centering under DeepSpeed ZeRO-2 and ZeRO-3 (one process, docs/trl.md "DeepSpeed and PEFT"), with a
+"""Score centering under DeepSpeed ZeRO-2 and ZeRO-3 (one process, docs/score-centering.md "Score centering in TRL"), with a
 LoRA adapter (docs/reference/score-centering.md §5.4), and with two colocated engines in two processes.
 
 DeepSpeed and LoRA: the same training step as the plain run, within float tolerance.

@@ -1,4 +1,4 @@
-"""``trl-length-grpo --help``: the plugin's keys first, grouped by feature, then TRL's (docs/trl.md, "Help").
+"""``trl-length-grpo --help``: the plugin's keys first, grouped by feature, then TRL's (docs/trl.md, "The command line").
 
 The plugin's part needs no TRL: each key's type, default and help are read from the source of the
 dataclasses that declare them (``LengthPluginGRPOConfig``, the script arguments), without importing it.

@@ -1,4 +1,4 @@
-"""Score centering's trainer-side cost on a GPU (docs/benchmarks.md, "Score centering on a GPU"): the one
+"""Score centering's trainer-side cost on a GPU (docs/benchmarks.md, "Score centering in TRL", "On a GPU"): the one
 prepared script for a lent GPU machine, which has torch and transformers but no TRL, vLLM or network. It
 needs only torch, transformers and this checkout (the core imports with torch alone).
 
