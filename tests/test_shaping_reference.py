@@ -47,23 +47,39 @@ def assert_close(actual, expected):
         assert (math.isnan(a) and math.isnan(e)) or abs(a - e) <= TOLERANCE, (actual, expected)
 
 
-@settings(SETTINGS, max_examples=2000)
-@given(batch=shaping_batch(), config=config_dict(), slots=chunk_slots)
-def test_penalties_match_reference(batch, config, slots):
-    logging.getLogger("trl_length_plugin").setLevel(logging.ERROR)
+def assert_matches_reference(batch, cfg, slots, truncated=None):
+    """The engine's shaped rewards, metrics and (verbose) per-term values of shaped groups against the float64
+    reference on ``batch`` (``shaping_batch``'s tuple); returns the engine's result and the reference's
+    per-group info for further checks."""
     rewards, group_index, reasoning, answer, agents, metadata, multi = batch
-    cfg = LengthPenaltyConfig.model_validate(config)
     with buckets_of(slots):
         result = apply_length_penalties(
-            RolloutBatch(rewards, group_index, reasoning, answer, agents, metadata, multi), cfg
+            RolloutBatch(
+                rewards, group_index, reasoning, answer, agents, metadata, multi, truncated=truncated
+            ),
+            cfg,
         )
     expected, metrics, info = reference_penalties(
-        rewards, group_index, reasoning, answer, cfg, agents, metadata, multi
+        rewards, group_index, reasoning, answer, cfg, agents, metadata, multi, truncated
     )
     assert_close(result.rewards.tolist(), expected)
     assert set(result.metrics) == set(metrics)
     for key, value in metrics.items():
         assert_close([result.metrics[key]], [value])
+    if cfg.verbose and cfg.any_enabled:
+        for record in result.groups:
+            if record.status == "shaped":
+                for name, values in info[record.group]["terms"].items():
+                    assert_close(record.terms[name], values)
+    return result, info
+
+
+@settings(SETTINGS, max_examples=2000)
+@given(batch=shaping_batch(), config=config_dict(), slots=chunk_slots)
+def test_penalties_match_reference(batch, config, slots):
+    logging.getLogger("trl_length_plugin").setLevel(logging.ERROR)
+    cfg = LengthPenaltyConfig.model_validate(config)
+    result, info = assert_matches_reference(batch, cfg, slots)
     if cfg.verbose and cfg.any_enabled:
         assert [record.group for record in result.groups] == list(info)
         for record in result.groups:
@@ -73,8 +89,6 @@ def test_penalties_match_reference(batch, config, slots):
                 continue
             reason = record.gate["reason"] if record.gate else "disabled"
             assert reason == expected_info["gate_reason"]
-            for name, values in expected_info["terms"].items():
-                assert_close(record.terms[name], values)
             if expected_info["profiled_threshold"] is not None:
                 assert_close([record.profiled_threshold], [expected_info["profiled_threshold"]])
 

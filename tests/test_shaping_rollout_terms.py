@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.shaping_reference import reference_penalties
 from tests.shaping_strategies import config_dict, shaping_batch
-from tests.test_shaping_reference import SETTINGS, assert_close, buckets_of, chunk_slots
+from tests.test_shaping_reference import SETTINGS, assert_matches_reference, chunk_slots
 from trl_length_plugin.shaping import LengthPenaltyConfig, RolloutBatch, apply_length_penalties
 from trl_length_plugin.shaping.config import LengthConfigError, LengthShapingConfig, load_shaping_config
 from trl_length_plugin.shaping.pipeline import shape_rollouts
@@ -337,25 +336,7 @@ def test_rollout_terms_match_reference(batch, config, rollout, override, flags, 
     except ValueError:  # an override's maximum below the default's buffer
         return
     truncated = [flags.random() < 0.4 for _ in rewards]
-    with buckets_of(slots):
-        result = apply_length_penalties(
-            RolloutBatch(
-                rewards, group_index, reasoning, answer, agents, metadata, multi, truncated=truncated
-            ),
-            cfg,
-        )
-    expected, metrics, info = reference_penalties(
-        rewards, group_index, reasoning, answer, cfg, agents, metadata, multi, truncated
-    )
-    assert_close(result.rewards.tolist(), expected)
-    assert set(result.metrics) == set(metrics)
-    for key, value in metrics.items():
-        assert_close([result.metrics[key]], [value])
-    if cfg.verbose and cfg.any_enabled:
-        for record in result.groups:
-            if record.status == "shaped":
-                for name, values in info[record.group]["terms"].items():
-                    assert_close(record.terms[name], values)
+    assert_matches_reference(batch, cfg, slots, truncated)
 
 
 def test_preview_shows_the_overlong_term(tmp_path, capsys):

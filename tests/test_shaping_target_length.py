@@ -13,9 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.shaping_reference import reference_penalties
 from tests.shaping_strategies import config_dict, shaping_batch
-from tests.test_shaping_reference import SETTINGS, assert_close, buckets_of, chunk_slots
+from tests.test_shaping_reference import SETTINGS, assert_matches_reference, chunk_slots
 from trl_length_plugin.shaping import LengthPenaltyConfig, RolloutBatch, apply_length_penalties
 from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
 from trl_length_plugin.shaping.metadata import MetadataCache, parse_prompt_metadata
@@ -297,19 +296,4 @@ def test_target_length_matches_reference(
         for m, t in zip(metadata or [{}] * len(rewards), targets, strict=False)
     ]
     cfg = LengthPenaltyConfig.model_validate(config)
-    with buckets_of(slots):
-        result = apply_length_penalties(
-            RolloutBatch(rewards, group_index, reasoning, answer, agents, metadata, multi), cfg
-        )
-    expected, metrics, info = reference_penalties(
-        rewards, group_index, reasoning, answer, cfg, agents, metadata, multi
-    )
-    assert_close(result.rewards.tolist(), expected)
-    assert set(result.metrics) == set(metrics)
-    for key, value in metrics.items():
-        assert_close([result.metrics[key]], [value])
-    if cfg.verbose and cfg.any_enabled:
-        for record in result.groups:
-            if record.status == "shaped":
-                for name, values in info[record.group]["terms"].items():
-                    assert_close(record.terms[name], values)
+    assert_matches_reference((rewards, group_index, reasoning, answer, agents, metadata, multi), cfg, slots)
