@@ -82,6 +82,15 @@ def fake_record(arm_name: str, seed: int, steps: int, length: float = 20.0, accu
     )
 
 
+def fake_records(figures: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    """One ``fake_record`` per arm and seed from arm -> [(held-out length, accuracy) of seeds 0, 1, ...]."""
+    return [
+        fake_record(name, seed, 5, length, accuracy)
+        for name, runs in figures.items()
+        for seed, (length, accuracy) in enumerate(runs)
+    ]
+
+
 def test_run_grid_skips_finished_runs(tmp_path):
     calls = []
 
@@ -115,11 +124,7 @@ def test_summary_changes_are_per_seed_and_the_best_trade_off_keeps_accuracy():
         "group-relative 1.0": [(13.0, 0.39), (14.3, 0.30)],  # -35%, -0.5 points
         "zMAD z>1 0.3": [(18.0, 0.41), (19.8, 0.31)],  # -10%, +1 point
     }
-    records = [
-        fake_record(name, seed, 5, length, accuracy)
-        for name, runs in figures.items()
-        for seed, (length, accuracy) in enumerate(runs)
-    ]
+    records = fake_records(figures)
     rows = bench.summarize(records, [bench.ARMS_BY_NAME[name] for name in figures])
     by_name = {row["arm"].name: row for row in rows}
     assert by_name["group-relative 1.0"]["length_change"][0] == pytest.approx(-35.0)
@@ -184,11 +189,7 @@ def test_interval_table_says_whether_each_claim_separates():
         bench.PLAIN: [(20.0, 0.40), (22.0, 0.30), (21.0, 0.35)],
         "group-relative 1.0": [(13.0, 0.39), (14.3, 0.31), (14.0, 0.35)],
     }
-    records = [
-        fake_record(name, seed, 5, length, accuracy)
-        for name, runs in figures.items()
-        for seed, (length, accuracy) in enumerate(runs)
-    ]
+    records = fake_records(figures)
     rows = bench.summarize(records, [bench.ARMS_BY_NAME[name] for name in figures])
     length = rows[1]["length_interval"]
     assert length[0] == pytest.approx(100 * ((13 / 20 + 14.3 / 22 + 14 / 21) / 3 - 1))
@@ -449,11 +450,7 @@ def test_versus_peers_pairs_each_of_ours_with_each_peer_per_seed():
         "group-relative 1.0": [(13.0, 0.39), (14.3, 0.31), (14.0, 0.35)],
         "TRL soft overlong buffer L/4": [(19.5, 0.40), (20.9, 0.30), (19.95, 0.36)],
     }
-    records = [
-        fake_record(name, seed, 5, length, accuracy)
-        for name, runs in figures.items()
-        for seed, (length, accuracy) in enumerate(runs)
-    ]
+    records = fake_records(figures)
     rows = bench.summarize(records, [bench.ARMS_BY_NAME[name] for name in figures])
     table = bench.versus_peers(records, rows)
     (line,) = [line for line in table.splitlines() if line.startswith("| group-relative 1.0 |")]
