@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def arm_loss(
-    trainer_logits: torch.Tensor,
+    trainer_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
     tokens: torch.Tensor,
     mask: torch.Tensor,
@@ -106,11 +106,10 @@ def arm_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The token-mean loss of ``arm`` and the sampled tokens' ratio r (detached, 0 where masked).
 
-    ``trainer_logits`` ``[B, T, V]`` (differentiable), ``sampler_logprobs`` ``[B, T, V]`` (the lagging
+    ``trainer_logprobs`` ``[B, T, V]`` (log-softmax, differentiable), ``sampler_logprobs`` ``[B, T, V]`` (the lagging
     sampler's full distribution; only its top-``k`` head and the sampled token's value enter, as vLLM
     returns them), ``tokens`` ``[B, T]``, ``mask`` ``[B, T]`` bool, ``advantages`` ``[B]``."""
-    log_p = trainer_logits.log_softmax(-1)
-    sampled = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    sampled = trainer_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     sampled_q = sampler_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     ratio = torch.where(mask, sampled.detach() - sampled_q, 0.0).exp()
     weights = torch.where(mask, sampled_token_weights(ratio, arm.mode, arm.bounds), 0.0)
@@ -119,7 +118,7 @@ def arm_loss(
     if arm.centering:
         head_q, head_ids = sampler_logprobs.topk(k, dim=-1)
         term = compute_score_centering_term(
-            log_p.gather(-1, head_ids),
+            trainer_logprobs.gather(-1, head_ids),
             sampler_topk_logprobs=head_q,
             importance_sampling_mode=arm.mode,
             is_bounds=arm.bounds,
@@ -163,7 +162,8 @@ def train_run(arm: Arm, seed: int, args: argparse.Namespace) -> dict:
     for step in range(args.steps):
         states.append(copy.deepcopy(trainer.state_dict()))
         sampler.load_state_dict(states[0])  # the weights of `lag` steps ago (the warm ones at first)
-        rows = data.select(range(step * PROMPTS % len(data), step * PROMPTS % len(data) + PROMPTS))
+        start = step * PROMPTS % len(data)
+        rows = data.select(range(start, start + PROMPTS))
         prompts = [p for p in chat_prompts_of(tokenizer, rows) for _ in range(GENERATIONS)]
         answers = [a for a in rows["answer"] for _ in range(GENERATIONS)]
         sequences, width, full_mask = rollouts(sampler, tokenizer, prompts, task.max_length)
@@ -175,14 +175,16 @@ def train_run(arm: Arm, seed: int, args: argparse.Namespace) -> dict:
                 -1
             )
         trainer.train()
-        logits = forward_logits(trainer, sequences, full_mask)[:, width - 1 : -1]
-        loss, ratio = arm_loss(logits, sampler_logprobs, tokens, mask, group_advantages(rewards), arm, args.k)
+        logprobs = forward_logits(trainer, sequences, full_mask)[:, width - 1 : -1].log_softmax(-1)
+        loss, ratio = arm_loss(
+            logprobs, sampler_logprobs, tokens, mask, group_advantages(rewards), arm, args.k
+        )
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         trainer.eval()
         kept = ratio[mask]
-        mismatch = token_kl(sampler_logprobs, logits.detach().log_softmax(-1))[mask]
+        mismatch = token_kl(sampler_logprobs, logprobs.detach())[mask]
         curve.append(
             dict(
                 step=step + 1,

@@ -60,7 +60,7 @@ def test_arm_loss_matches_the_loop_reference_with_gradients(arm):
     advantages = torch.tensor([1.3, -0.4, 0.0], dtype=torch.float64)
 
     mine = logits.clone().requires_grad_(True)
-    loss, ratio = bench.arm_loss(mine, sampler_logprobs, tokens, mask, advantages, arm, k)
+    loss, ratio = bench.arm_loss(mine.log_softmax(-1), sampler_logprobs, tokens, mask, advantages, arm, k)
     loss.backward()
     theirs = logits.clone().requires_grad_(True)
     expected = reference_loss(theirs, sampler_logprobs, tokens, mask, advantages, arm, k)
@@ -85,7 +85,9 @@ def test_centering_changes_the_gradient_only_where_the_sampler_differs():
     grads = []
     for arm in (bench.ARMS[0], bench.ARMS[3]):
         mine = logits.clone().requires_grad_(True)
-        loss, _ = bench.arm_loss(mine, logits.log_softmax(-1), tokens, mask, advantages, arm, k=6)
+        loss, _ = bench.arm_loss(
+            mine.log_softmax(-1), logits.log_softmax(-1), tokens, mask, advantages, arm, k=6
+        )
         loss.backward()
         grads.append(mine.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
