@@ -9,13 +9,14 @@ samples, and the means of TRL's ``length_penalty/*`` metrics. The profile arms r
 made from the warm model's own rollouts (``warm_reference``).
 
 One JSON per finished run lands in ``--out``/runs; a finished run is not redone, so an interrupted grid
-resumes and a second invocation only summarizes. ``--jobs 2`` (the default) trains one run per core in
+resumes and a second invocation only summarizes; ``--restore`` seeds the run store from committed summaries
+(a fresh clone then trains only the arms and seeds they lack). ``--jobs 2`` (the default) trains one run per core in
 worker processes. At the end: the tables (``--out``/table.md), ``case | measured | baseline | ratio``
 lines, the Pareto PNG and the best trade-off. Recorded in docs/efficacy.md:
 
     OMP_NUM_THREADS=1 python -m bench.bench_efficacy --png docs/images/efficacy_pareto.png
         [--task arithmetic|reasoning] [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...]
-        [--out outputs/efficacy, or outputs/efficacy-reasoning]
+        [--out outputs/efficacy, or outputs/efficacy-reasoning] [--restore SUMMARY.json,...]
 """
 
 from __future__ import annotations
@@ -458,6 +459,21 @@ def finished(out: Path, arm: Arm, seed: int, steps: int, task: demo.Task = demo.
     return record if record["settings"] == settings(arm, steps, task) else None
 
 
+def restore_runs(summaries: list[Path], out: Path) -> int:
+    """Write each run of the summaries into the run store where it has no record of that arm and seed;
+    returns how many were written. A restored record has no curve (the summaries keep none); ``finished``
+    still redoes it when its settings differ from the arm's."""
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    written = 0
+    for summary in summaries:
+        for record in json.loads(summary.read_text())["runs"]:
+            path = run_path(out, record["arm"], record["seed"])
+            if not path.exists():
+                path.write_text(json.dumps(record))
+                written += 1
+    return written
+
+
 def run_grid(
     arms: list[Arm],
     seeds: list[int],
@@ -854,6 +870,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also write every run's record (no curves) to this JSON file, the summary committed beside the doc",
     )
     parser.add_argument(
+        "--restore",
+        default="",
+        help="comma-separated summary JSON files whose runs seed the run store (runs already there are kept)",
+    )
+    parser.add_argument(
         "--from-summary",
         default="",
         help="regenerate the tables and the PNG from such a JSON file alone: no warm models, no training",
@@ -874,6 +895,9 @@ def main(argv: list[str] | None = None) -> None:
     arms = [by_name[PLAIN], *(by_name[name] for name in wanted)] if wanted else TASK_ARMS[task.name]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.restore:
+        restored = restore_runs([Path(p) for p in args.restore.split(",")], out)
+        print(f"# restored {restored} runs from {args.restore} into {out / 'runs'}")
     warm = []
     for seed in seeds:
         path = warm_path(out, seed)

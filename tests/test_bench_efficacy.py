@@ -117,6 +117,26 @@ def test_run_grid_skips_finished_runs(tmp_path):
     assert calls == [(bench.PLAIN, 0, 6)]  # other settings: the stored run does not count
 
 
+def test_a_summary_restores_the_run_store_so_the_grid_trains_only_what_it_lacks(tmp_path):
+    calls = []
+
+    def stub(arm_name, seed, steps, out, task_name):
+        calls.append((arm_name, seed))
+        return fake_record(arm_name, seed, steps)
+
+    arms = bench.ARMS[:2]
+    records = [fake_record(arm.name, seed, 5) for arm in arms for seed in (0, 1)]
+    summary = bench.write_summary(records, [{"eval": {}}] * 2, [0, 1], tmp_path / "runs.json")
+    store = tmp_path / "store"
+    bench.run_path(store, arms[0].name, 0).parent.mkdir(parents=True)
+    bench.run_path(store, arms[0].name, 0).write_text(json.dumps(fake_record(arms[0].name, 0, 5, 99.0)))
+    assert bench.restore_runs([summary], store) == 3  # the stored run of arm 0, seed 0 is kept
+    assert json.loads(bench.run_path(store, arms[0].name, 0).read_text())["eval"]["length"] == 99.0
+    restored = bench.run_grid(bench.ARMS[:3], [0, 1], 5, store, run=stub)
+    assert sorted(calls) == [(bench.ARMS[2].name, 0), (bench.ARMS[2].name, 1)]
+    assert len(restored) == 6
+
+
 def test_summary_changes_are_per_seed_and_the_best_trade_off_keeps_accuracy():
     figures = {  # arm: (held-out length, accuracy) for seeds 0 and 1
         bench.PLAIN: [(20.0, 0.40), (22.0, 0.30)],
