@@ -50,6 +50,7 @@ import torch
 
 from bench._harness import header, report, timeit
 from trl_length_plugin.shaping import LengthShapingConfig, MetadataCache, RolloutBatch, shape_rollouts
+from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS
 
 REFERENCE_ROWS = 65_536
 CONFIG = {
@@ -114,9 +115,9 @@ def make_batch(rows: int, group_size: int, seed: int = 0):
     passed = (torch.rand(groups, 8, generator=generator) < 0.7).long().tolist()
     per_group = [
         {
-            "profiled_rewards": passed[g],
-            "profiled_output_lengths": profiled[g],
-            "profile_band": {"total": {"a": 1000 + g % 700, "b": 3000 + g % 900, "f": 0.85}},
+            PROFILED_REWARDS: passed[g],
+            PROFILED_OUTPUT_LENGTHS: profiled[g],
+            PROFILE_BAND: {"total": {"a": 1000 + g % 700, "b": 3000 + g % 900, "f": 0.85}},
         }
         for g in range(groups)
     ]

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from trl_length_plugin.offline.rollouts import Rollout, RolloutReader, channel_lengths
-from trl_length_plugin.offline.tables import METADATA_COLUMNS, columns
+from trl_length_plugin.offline.tables import columns
 from trl_length_plugin.shaping import GroupNormalization, LengthShapingConfig, RolloutBatch, shape_rollouts
+from trl_length_plugin.shaping.columns import METADATA_COLUMNS
 from trl_length_plugin.shaping.config import DEFAULT_AGENT
 from trl_length_plugin.shaping.correctness import classify_groups
 from trl_length_plugin.shaping.metrics import mean_metrics

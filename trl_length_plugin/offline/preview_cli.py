@@ -19,11 +19,12 @@ from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, Parser, run
 from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs, replacing
+from trl_length_plugin.shaping.columns import AGENT_COLUMN
 from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config, read_yaml
 from trl_length_plugin.shaping.schedule import schedule_end
 
 PROG = "trl-length preview"
-HOST_KEYS = {"scale_rewards": "group", "agent_column": "agent"}  # the trainer's defaults
+HOST_KEYS = {"scale_rewards": "group", "agent_column": AGENT_COLUMN}  # the trainer's defaults
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
 
 

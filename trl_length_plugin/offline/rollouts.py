@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, first_line
+from trl_length_plugin.shaping.columns import AGENT_COLUMN
 
 #: the columns that describe one rollout (everything else in a row is prompt-level or ignored)
 ROLLOUT_COLUMNS = frozenset(
@@ -328,7 +329,11 @@ class RolloutReader:
     (the first ``SHOWN`` of them with their position) and counted by reason in ``skipped``."""
 
     def __init__(
-        self, path: str | Path, prog: str, agent_column: str = "agent", skip_invalid_utf8: bool = False
+        self,
+        path: str | Path,
+        prog: str,
+        agent_column: str = AGENT_COLUMN,
+        skip_invalid_utf8: bool = False,
     ):
         self.source = RolloutSource.open(path, skip_invalid_utf8)
         self.prompts = PromptCheck(self.source, agent_column)

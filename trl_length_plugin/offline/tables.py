@@ -18,8 +18,6 @@ from trl_length_plugin.offline.outputs import replacing
 from trl_length_plugin.offline.rollouts import id_key, load_saved, text_key, utf8_lines
 
 EMBEDDED = "embedded"
-#: the per-prompt metadata columns (docs/reference/length-penalties.md §2.14, §2.20)
-METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 OUTPUT_FORMATS = ".jsonl, .parquet or a directory (datasets save_to_disk)"
 

@@ -43,6 +43,7 @@ from accelerate import PartialState
 from accelerate.utils import gather
 
 from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig, shape_rollouts
+from trl_length_plugin.shaping.columns import AGENT_COLUMN
 from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
 from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.settings import shaping_settings_lines
@@ -80,7 +81,7 @@ class LengthPenaltyReward:
         num_generations: int | None = None,
         tokenizer: Any = None,
         reasoning_tags: Sequence[str] | None = None,
-        agent_column: str = "agent",
+        agent_column: str = AGENT_COLUMN,
         metrics: bool = True,
         length_schedule: Sequence[Mapping[str, Any]] | str | None = None,
     ):
