@@ -541,18 +541,44 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
     (§2.5) and the zero-std filter (§3.3). TRL's config and verl's overrides both parse into it.
 
     The field names are the keys a user writes (recipe, command line, Hydra override), so a validation
-    error names the key. Dependent keys are checked together.
+    error names the key; each field's description is the key's help. Dependent keys are checked together.
     """
 
     model_config = _STRICT
 
-    length_penalty: Annotated[LengthPenaltyConfig | None, BeforeValidator(_block_or_none)] = None
-    length_penalty_coeff: NonNegative = 0.0
-    length_penalty_min_tokens: Count = 0
-    length_penalty_coeff_warmup_steps: Count = 0
-    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(_schedule_entries)] = ()
-    reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
-    drop_zero_std_groups: bool = False
+    length_penalty: Annotated[LengthPenaltyConfig | None, BeforeValidator(_block_or_none)] = Field(
+        None,
+        description="Group length penalties (docs/reference/length-penalties.md §2.1): a YAML mapping in a "
+        "recipe, a JSON string or the path of a YAML file on the command line. A --length_penalty flag "
+        "replaces the recipe's whole block. Validated before any model is loaded.",
+    )
+    length_penalty_coeff: NonNegative = Field(
+        0.0,
+        description="Length coefficient c >= 0 relative to the shortest correct rollout "
+        "(docs/reference/length-coefficient.md §3.1); 0 is off.",
+    )
+    length_penalty_min_tokens: Count = Field(
+        0, description="Floor m of the coefficient's reference length (reference §3.1)."
+    )
+    length_penalty_coeff_warmup_steps: Count = Field(
+        0, description="Raise the coefficient linearly from 0 to `length_penalty_coeff` over this many steps."
+    )
+    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(_schedule_entries)] = Field(
+        (),
+        description="Move numeric length-shaping keys through stages by optimizer step "
+        "(docs/reference/length-coefficient.md §3.7): a YAML list in a recipe, a JSON array or the path of a "
+        "YAML file on the command line; each entry is {key: <dotted key>, stages: [{until_step, value | "
+        "start, end}]}.",
+    )
+    reasoning_tags: tuple[str, str] = Field(
+        DEFAULT_REASONING_TAGS,
+        description="Opening and closing tag of the reasoning channel (reference §2.5).",
+    )
+    drop_zero_std_groups: bool = Field(
+        False,
+        description="Drop groups whose shaped rewards are all equal from the loss, masks and denominators "
+        "(reference §3.3).",
+    )
 
     _warned: set[tuple[str, ...]] = PrivateAttr(default_factory=set)
 
