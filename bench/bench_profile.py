@@ -93,7 +93,13 @@ def engine_seconds(rollouts: Path, prompts: Path) -> float:
     import datasets
     import torch
 
-    from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, measure_lengths, shape_rollouts
+    from trl_length_plugin.shaping import (
+        TRL_NORMALIZATION,
+        RolloutBatch,
+        load_shaping_config,
+        measure_lengths,
+        shape_rollouts,
+    )
     from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS
 
     rows = [json.loads(line) for line in rollouts.open()]
@@ -114,7 +120,7 @@ def engine_seconds(rollouts: Path, prompts: Path) -> float:
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        shape_rollouts(batch, config)
+        shape_rollouts(batch, config, TRL_NORMALIZATION)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -49,7 +49,13 @@ from pathlib import Path
 import torch
 
 from bench._harness import header, report, timeit
-from trl_length_plugin.shaping import LengthShapingConfig, MetadataCache, RolloutBatch, shape_rollouts
+from trl_length_plugin.shaping import (
+    TRL_NORMALIZATION,
+    LengthShapingConfig,
+    MetadataCache,
+    RolloutBatch,
+    shape_rollouts,
+)
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS
 
 REFERENCE_ROWS = 65_536
@@ -130,7 +136,7 @@ def engine(rewards, group_index, reasoning, answer, metadata):
     batch = RolloutBatch(
         rewards, group_index, reasoning, answer, metadata=metadata, loss_lengths=reasoning + answer
     )
-    result = shape_rollouts(batch, SHAPING)
+    result = shape_rollouts(batch, SHAPING, TRL_NORMALIZATION)
     return result.advantages, result.keep
 
 
@@ -262,7 +268,7 @@ def base_engine(commit: str, folder: Path):
         batch = base.RolloutBatch(
             rewards, group_index, reasoning, answer, metadata=metadata, loss_lengths=reasoning + answer
         )
-        result = base.shape_rollouts(batch, config)
+        result = base.shape_rollouts(batch, config, base.TRL_NORMALIZATION)
         return result.advantages, result.keep
 
     return run, base.MetadataCache

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, shape_rollouts
 from trl_length_plugin.shaping.config import KeySchedule, LengthConfigError, LengthShapingConfig
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 from trl_length_plugin.shaping.schedule import (
     STATE_FILE,
     coeff_at,
@@ -244,10 +245,14 @@ def test_the_pipeline_shapes_with_the_steps_values_and_logs_them():
         unscheduled = load_shaping_config(
             {"length_penalty": {"default": {"group_total_length_penalty_coeff": coeff}}}
         )
-        result = shape_rollouts(batch_of(lengths), config, step=step)
-        assert torch.equal(result.rewards, shape_rollouts(batch_of(lengths), unscheduled).rewards)
+        result = shape_rollouts(batch_of(lengths), config, TRL_NORMALIZATION, step=step)
+        assert torch.equal(
+            result.rewards, shape_rollouts(batch_of(lengths), unscheduled, TRL_NORMALIZATION).rewards
+        )
         assert result.metrics[f"length_schedule/{GROUP_COEFF}"] == pytest.approx(coeff, abs=1e-15)
-    first, later = (shape_rollouts(batch_of(lengths), config, step=s).rewards for s in (0, 4))
+    first, later = (
+        shape_rollouts(batch_of(lengths), config, TRL_NORMALIZATION, step=s).rewards for s in (0, 4)
+    )
     assert not torch.equal(first, later)  # the schedule changes the numbers
     assert config.length_penalty.for_agent(None).group_total_length_penalty_coeff == 0.4  # the base stays
 

@@ -31,18 +31,7 @@ from trl_length_plugin.shaping.normalization import group_advantages
 from trl_length_plugin.shaping.pipeline import ShapingResult
 from trl_length_plugin.shaping.terms.profile_gate import GATE_REASONS
 
-TRL_STD_EPS = 1e-4  # GRPOTrainer's advantage epsilon
 DELTA_QUANTILES = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
-
-
-def trl_normalization(scale_rewards: str) -> GroupNormalization:
-    """TRL's normalization for ``scale_rewards`` (``trl_integration.length_shaping.trl_normalization``, which
-    imports TRL; a test checks that the two agree)."""
-    return GroupNormalization(
-        scale_by_std=scale_rewards != "none",
-        std_eps=TRL_STD_EPS,
-        std_scope="batch" if scale_rewards == "batch" else "group",
-    )
 
 
 def with_verbose(config: LengthShapingConfig) -> LengthShapingConfig:

@@ -222,7 +222,7 @@ class LengthPenaltyReward:
         )
         trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
         step = 0 if trainer_state is None else trainer_state.global_step
-        result = shape_rollouts(batch, self.shaping, step=step)
+        result = shape_rollouts(batch, self.shaping, None, step=step)  # the stock trainer's advantages
         log_group_records(result.penalties.groups, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():
