@@ -21,14 +21,6 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_v
 from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool, config_error, did_you_mean
 
 Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
-CONTROLLER_KEYS = (
-    "score_centering_adaptive_outer_bound",
-    "score_centering_adaptive_k_init",
-    "score_centering_adaptive_target",
-    "score_centering_adaptive_k_delta",
-    "score_centering_adaptive_k_min",
-    "score_centering_adaptive_k_max",
-)
 
 
 class ScoreCenteringConfig(BaseModel):
@@ -104,6 +96,8 @@ class ScoreCenteringConfig(BaseModel):
 
 #: the keys of ``ScoreCenteringConfig``, as a user writes them
 SCORE_CENTERING_KEYS = tuple(ScoreCenteringConfig.model_fields)
+#: the keys of the adaptive-ppo-clip controller (reference §5.7)
+CONTROLLER_KEYS = tuple(key for key in SCORE_CENTERING_KEYS if key.startswith("score_centering_adaptive_"))
 
 
 def load_score_centering_config(values: Mapping[str, Any]) -> ScoreCenteringConfig:
