@@ -39,6 +39,7 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "T
 
 from bench._harness import header, report  # noqa: E402
 from trl_length_plugin import demo  # noqa: E402
+from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS  # noqa: E402
 
 #: completions per training problem in the warm model's profiles
 PROFILE_SAMPLES = 16
@@ -326,8 +327,8 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
             a, _, b = statistics.quantiles(passing, n=4, method="inclusive")
             band = {"a": float(a), "b": float(max(b, a + 1))}
         profiles[demo.question(problems[row])] = {
-            "profiled_rewards": [correct for correct, _ in mine],
-            "profiled_output_lengths": [total for _, total in mine],
+            PROFILED_REWARDS: [correct for correct, _ in mine],
+            PROFILED_OUTPUT_LENGTHS: [total for _, total in mine],
             "band": band,
         }
     return dict(
@@ -365,9 +366,9 @@ def with_profiles(dataset, profiles: dict[str, dict], band_floor: float):
         profile = profiles[demo.question(row)]
         band = profile["band"]
         return {
-            "profiled_rewards": profile["profiled_rewards"],
-            "profiled_output_lengths": profile["profiled_output_lengths"],
-            "profile_band": {"total": {**band, "f": band_floor}} if band else None,
+            PROFILED_REWARDS: profile[PROFILED_REWARDS],
+            PROFILED_OUTPUT_LENGTHS: profile[PROFILED_OUTPUT_LENGTHS],
+            PROFILE_BAND: {"total": {**band, "f": band_floor}} if band else None,
         }
 
     return dataset.map(columns)

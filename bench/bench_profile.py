@@ -93,16 +93,21 @@ def engine_seconds(rollouts: Path, prompts: Path) -> float:
     import datasets
     import torch
 
-    from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, measure_lengths, shape_rollouts
+    from trl_length_plugin.shaping import (
+        TRL_NORMALIZATION,
+        RolloutBatch,
+        load_shaping_config,
+        measure_lengths,
+        shape_rollouts,
+    )
+    from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS
 
     rows = [json.loads(line) for line in rollouts.open()]
     lengths = measure_lengths([row["completion"] for row in rows], "chars")
     table = datasets.load_from_disk(str(prompts))
+    names = (PROFILED_REWARDS, PROFILED_OUTPUT_LENGTHS, PROFILE_BAND)
     metadata = [
-        {"profiled_rewards": r, "profiled_output_lengths": x, "profile_band": b}
-        for r, x, b in zip(
-            table["profiled_rewards"], table["profiled_output_lengths"], table["profile_band"], strict=True
-        )
+        dict(zip(names, values, strict=True)) for values in zip(*(table[n] for n in names), strict=True)
     ]
     batch = RolloutBatch(
         torch.tensor([row["reward"] for row in rows], dtype=torch.float64),
@@ -115,7 +120,7 @@ def engine_seconds(rollouts: Path, prompts: Path) -> float:
     times = []
     for _ in range(3):
         start = time.perf_counter()
-        shape_rollouts(batch, config)
+        shape_rollouts(batch, config, TRL_NORMALIZATION)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 

@@ -49,7 +49,14 @@ from pathlib import Path
 import torch
 
 from bench._harness import header, report, timeit
-from trl_length_plugin.shaping import LengthShapingConfig, MetadataCache, RolloutBatch, shape_rollouts
+from trl_length_plugin.shaping import (
+    TRL_NORMALIZATION,
+    LengthShapingConfig,
+    MetadataCache,
+    RolloutBatch,
+    shape_rollouts,
+)
+from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS
 
 REFERENCE_ROWS = 65_536
 CONFIG = {
@@ -114,9 +121,9 @@ def make_batch(rows: int, group_size: int, seed: int = 0):
     passed = (torch.rand(groups, 8, generator=generator) < 0.7).long().tolist()
     per_group = [
         {
-            "profiled_rewards": passed[g],
-            "profiled_output_lengths": profiled[g],
-            "profile_band": {"total": {"a": 1000 + g % 700, "b": 3000 + g % 900, "f": 0.85}},
+            PROFILED_REWARDS: passed[g],
+            PROFILED_OUTPUT_LENGTHS: profiled[g],
+            PROFILE_BAND: {"total": {"a": 1000 + g % 700, "b": 3000 + g % 900, "f": 0.85}},
         }
         for g in range(groups)
     ]
@@ -129,7 +136,7 @@ def engine(rewards, group_index, reasoning, answer, metadata):
     batch = RolloutBatch(
         rewards, group_index, reasoning, answer, metadata=metadata, loss_lengths=reasoning + answer
     )
-    result = shape_rollouts(batch, SHAPING)
+    result = shape_rollouts(batch, SHAPING, TRL_NORMALIZATION)
     return result.advantages, result.keep
 
 
@@ -261,7 +268,7 @@ def base_engine(commit: str, folder: Path):
         batch = base.RolloutBatch(
             rewards, group_index, reasoning, answer, metadata=metadata, loss_lengths=reasoning + answer
         )
-        result = base.shape_rollouts(batch, config)
+        result = base.shape_rollouts(batch, config, base.TRL_NORMALIZATION)
         return result.advantages, result.keep
 
     return run, base.MetadataCache

@@ -21,6 +21,12 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
 from bench._harness import header, report  # noqa: E402
+from trl_length_plugin.shaping.columns import (  # noqa: E402
+    AGENT_COLUMN,
+    PROFILE_BAND,
+    PROFILED_OUTPUT_LENGTHS,
+    PROFILED_REWARDS,
+)
 
 WARMUP = 2
 EVERYTHING = dict(
@@ -52,10 +58,10 @@ def dataset(rows: int, seed: int):
     from trl_length_plugin.embedded import make_task_dataset
 
     data = make_task_dataset(rows, seed=seed)
-    data = data.add_column("agent", ["math" if i % 2 else "other" for i in range(rows)])
-    data = data.add_column("profiled_rewards", [[1, 1, 0, 1]] * rows)
-    data = data.add_column("profiled_output_lengths", [[20, 24, 40, 22]] * rows)
-    return data.add_column("profile_band", [{"total": {"a": 18.0, "b": 40.0, "f": 0.7}}] * rows)
+    data = data.add_column(AGENT_COLUMN, ["math" if i % 2 else "other" for i in range(rows)])
+    data = data.add_column(PROFILED_REWARDS, [[1, 1, 0, 1]] * rows)
+    data = data.add_column(PROFILED_OUTPUT_LENGTHS, [[20, 24, 40, 22]] * rows)
+    return data.add_column(PROFILE_BAND, [{"total": {"a": 18.0, "b": 40.0, "f": 0.7}}] * rows)
 
 
 class StepClock:

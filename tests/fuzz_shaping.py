@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trl_length_plugin.shaping import LengthConfigError, RolloutBatch, load_shaping_config, shape_rollouts
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 
 sys.path.insert(0, str(Path(__file__).parent))
 from shaping_reference import reference_coefficient, reference_penalties  # noqa: E402
@@ -50,7 +51,7 @@ def check_penalties(batch, config, entries=None) -> dict:
     rollouts = RolloutBatch(
         rewards, group_index, reasoning, answer, agents, metadata, multi, loss_lengths=answer
     )
-    result = shape_rollouts(rollouts, config)
+    result = shape_rollouts(rollouts, config, TRL_NORMALIZATION)
     shaped = rollouts.rewards.double().tolist()
     metrics = {}
     if config.penalties_on:

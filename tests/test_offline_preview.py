@@ -261,7 +261,7 @@ def test_duplicate_recipe_key_is_refused_as_the_trainers_cli_refuses_it(tmp_path
 
 
 def test_normalization_is_the_trainers():
-    from trl_length_plugin.offline.preview import trl_normalization
+    from trl_length_plugin.shaping.normalization import trl_normalization
     from trl_length_plugin.trl_integration.length_shaping import trl_normalization as trainer_normalization
 
     for scale_rewards in ("group", "batch", "none"):

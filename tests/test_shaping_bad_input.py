@@ -38,6 +38,7 @@ from trl_length_plugin.shaping import (
     shape_rollouts,
 )
 from trl_length_plugin.shaping.config import did_you_mean, read_yaml
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 
 BAND = {"default": {"profile_band_total": True}}
 GATE = {"default": {"group_length_penalty_profile_gate": True, "group_total_length_penalty_coeff": 0.5}}
@@ -125,8 +126,10 @@ def test_a_non_finite_shaping_weight_is_a_named_error(weight):
     batch = RolloutBatch([1, 1], [0, 0], [0, 0], [2, 20], loss_lengths=[2, 20])
     config = load_shaping_config({"length_penalty_coeff": 1.0})
     with pytest.raises(ValueError, match="^shaping_weight must be a finite number, got"):
-        shape_rollouts(batch, config, shaping_weight=weight)
-    totals = shape_rollouts(batch, config, shaping_weight=0.5).totals  # base 1 + 0.5 * (1/(1 + 9) - 1)
+        shape_rollouts(batch, config, TRL_NORMALIZATION, shaping_weight=weight)
+    totals = shape_rollouts(
+        batch, config, TRL_NORMALIZATION, shaping_weight=0.5
+    ).totals  # base 1 + 0.5 * (1/(1 + 9) - 1)
     assert totals.tolist() == [1.0, 1 + 0.5 * (1 / 10 - 1)]
 
 
@@ -155,7 +158,7 @@ def test_the_engine_warns_once_when_no_band_source_exists(block, caplog):
     batch = RolloutBatch([1, 0, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0], [5, 9, 3, 30])
     with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
         for _ in range(3):
-            result = shape_rollouts(batch, config)
+            result = shape_rollouts(batch, config, TRL_NORMALIZATION)
     warnings = [r.getMessage() for r in caplog.records if NO_SOURCE in r.getMessage()]
     key = next(iter(block["default"]))
     assert warnings == [
@@ -178,7 +181,7 @@ def test_no_band_source_warning_when_a_band_exists_or_none_is_read(block, metada
     rows = None if metadata is None else [metadata[0], metadata[0], metadata[1], metadata[1]]
     batch = RolloutBatch([1, 1, 1, 1], [0, 0, 1, 1], [0, 0, 0, 0], [5, 20, 3, 30], metadata=rows)
     with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
-        shape_rollouts(batch, config)
+        shape_rollouts(batch, config, TRL_NORMALIZATION)
     assert not [r for r in caplog.records if "sets no band" in r.getMessage()]
 
 

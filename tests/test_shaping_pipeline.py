@@ -40,6 +40,8 @@ from trl_length_plugin.shaping import (
     shape_rollouts,
 )
 from trl_length_plugin.shaping import metadata as metadata_module
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
+from trl_length_plugin.shaping.schedule import coeff_at
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VERL = GroupNormalization(std_eps=1e-6, single_row_stats=(0.0, 1.0))
@@ -140,7 +142,7 @@ def test_numbers_do_not_depend_on_the_thread_count():
     try:
         for threads in (1, 2):
             set_threads(threads)
-            results.append(shape_rollouts(RolloutBatch(**batch_args), config))
+            results.append(shape_rollouts(RolloutBatch(**batch_args), config, TRL_NORMALIZATION))
             assert torch.get_num_threads() == threads
     finally:
         set_threads(before)
@@ -163,7 +165,7 @@ def test_metadata_is_parsed_once_per_prompt_and_a_malformed_entry_warned_once(mo
         for _ in range(3):  # three steps, the same two prompts
             prompts = cache.lookup([0, 1], lambda new: [entries[key] for key in new])
             batch = RolloutBatch(rewards, [0, 0, 1, 1], [0] * 4, lengths, metadata=prompts)
-            result = shape_rollouts(batch, config)
+            result = shape_rollouts(batch, config, TRL_NORMALIZATION)
             fractions.append(result.metrics["length_penalty/invalid_metadata_frac"])
     assert calls == [2] and cache.parsed == 2  # parsed at first sight only
     assert fractions == [0.5, 0.5, 0.5]  # counted on every step
@@ -219,7 +221,7 @@ def test_bad_keys_are_one_line_errors_naming_the_key(values, key):
 
 def test_warmup_raises_the_coefficient_linearly():
     config = LengthShapingConfig(length_penalty_coeff=2.0, length_penalty_coeff_warmup_steps=4)
-    assert [config.coeff_at(step) for step in range(6)] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.0]
+    assert [coeff_at(config, step) for step in range(6)] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.0]
 
 
 @pytest.mark.parametrize(
@@ -350,8 +352,8 @@ def test_coefficient_skips_a_reward_models_scores_and_keeps_the_host_normalizati
     batch = RolloutBatch(rewards, [0, 0, 0, 1, 1, 1], loss_lengths=[5, 9, 7, 5, 9, 20])
     config = LengthShapingConfig(length_penalty_coeff=1.0)
     with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
-        result = shape_rollouts(batch, config)
-        shape_rollouts(batch, config)
+        result = shape_rollouts(batch, config, TRL_NORMALIZATION)
+        shape_rollouts(batch, config, TRL_NORMALIZATION)
     assert result.host_rows.tolist() == [True] * 3 + [False] * 3
     assert result.rewards[:3].tolist() == rewards[:3]  # untouched
     assert result.metrics["length_penalty/coeff_skipped_frac"] == 0.5

@@ -16,6 +16,7 @@ from tests.shaping_strategies import config_dict, shaping_batch
 from tests.test_shaping_reference import SETTINGS, assert_matches_reference, chunk_slots
 from trl_length_plugin.shaping import LengthPenaltyConfig, RolloutBatch, apply_length_penalties
 from trl_length_plugin.shaping.config import LengthConfigError, LengthShapingConfig, load_shaping_config
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 from trl_length_plugin.shaping.pipeline import shape_rollouts
 
 OVERLONG = {"overlong_max_length": 48, "overlong_buffer": 12}
@@ -129,11 +130,15 @@ def shaping(**params):
 def test_truncation_modes_hand_values():
     batch = dict(rewards=[1, 0, 1, 1], group_index=[0, 0, 1, 1], answer_lengths=[10, 36, 42, 50])
     flags = [False, True, False, True]
-    incorrect = shape_rollouts(RolloutBatch(**batch, truncated=flags), shaping(truncation="incorrect"))
+    incorrect = shape_rollouts(
+        RolloutBatch(**batch, truncated=flags), shaping(truncation="incorrect"), TRL_NORMALIZATION
+    )
     assert incorrect.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and incorrect.loss_keep is None
     assert incorrect.metrics["length_penalty/truncated_frac"] == 0.5
     assert incorrect.metrics["length_penalty/pct_all_correct"] == 0.0  # the binary check saw the zero
-    mask = shape_rollouts(RolloutBatch(**batch, truncated=flags), shaping(truncation="mask"))
+    mask = shape_rollouts(
+        RolloutBatch(**batch, truncated=flags), shaping(truncation="mask"), TRL_NORMALIZATION
+    )
     assert mask.rewards.tolist() == [1.0, 0.0, 1.0, 1.0] and mask.loss_keep.tolist() == [
         True,
         False,
@@ -141,7 +146,9 @@ def test_truncation_modes_hand_values():
         False,
     ]
     penalty = shape_rollouts(
-        RolloutBatch(**batch, truncated=flags), shaping(truncation="penalty", truncation_penalty_factor=0.25)
+        RolloutBatch(**batch, truncated=flags),
+        shaping(truncation="penalty", truncation_penalty_factor=0.25),
+        TRL_NORMALIZATION,
     )
     assert penalty.rewards.tolist() == [1.0, 0.0, 1.0, 0.25] and penalty.loss_keep is None
 
@@ -171,7 +178,7 @@ def test_mask_zeroes_the_coefficients_loss_length():
     """The masked row's loss length counts 0 (§3.2, as TRL's ``mask_truncated_completions``)."""
     batch = dict(rewards=[1, 1], group_index=[0, 0], loss_lengths=[10, 40], truncated=[False, True])
     plain = LengthShapingConfig(length_penalty_coeff=1.0, length_penalty_min_tokens=10)
-    assert shape_rollouts(RolloutBatch(**batch), plain).rewards.tolist() == [1.0, 0.25]
+    assert shape_rollouts(RolloutBatch(**batch), plain, TRL_NORMALIZATION).rewards.tolist() == [1.0, 0.25]
     masked = plain.model_copy(
         update={
             "length_penalty": LengthShapingConfig(
@@ -179,13 +186,13 @@ def test_mask_zeroes_the_coefficients_loss_length():
             ).length_penalty
         }
     )
-    result = shape_rollouts(RolloutBatch(**batch), masked)
+    result = shape_rollouts(RolloutBatch(**batch), masked, TRL_NORMALIZATION)
     assert result.rewards.tolist() == [1.0, 1.0] and result.loss_keep.tolist() == [True, False]
 
 
 def test_truncation_needs_the_flag():
     with pytest.raises(ValueError, match="truncated flag"):
-        shape_rollouts(RolloutBatch([1, 0], [0, 0]), shaping(truncation="mask"))
+        shape_rollouts(RolloutBatch([1, 0], [0, 0]), shaping(truncation="mask"), TRL_NORMALIZATION)
     with pytest.raises(ValueError, match="one flag per row"):
         RolloutBatch([1, 0], [0, 0], truncated=[True])
 

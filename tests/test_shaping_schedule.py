@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, shape_rollouts
 from trl_length_plugin.shaping.config import KeySchedule, LengthConfigError, LengthShapingConfig
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 from trl_length_plugin.shaping.schedule import (
     STATE_FILE,
+    coeff_at,
     config_at,
     resume_message,
     save_schedule_state,
@@ -46,7 +48,7 @@ def test_warmup_is_one_schedule_with_identical_numbers():
         config = LengthShapingConfig(length_penalty_coeff=coeff, length_penalty_coeff_warmup_steps=warmup)
         for step in range(-1, warmup + 3):
             old = coeff if step >= warmup else coeff * max(step, 0) / warmup
-            assert config.coeff_at(step) == old  # exact
+            assert coeff_at(config, step) == old  # exact
         written = load_shaping_config(
             {
                 "length_penalty_coeff": coeff,
@@ -54,8 +56,8 @@ def test_warmup_is_one_schedule_with_identical_numbers():
                     {"until_step": warmup, "start": 0.0, "end": coeff}]}],
             }
         )  # fmt: skip
-        assert [written.coeff_at(s) for s in range(warmup + 2)] == [
-            config.coeff_at(s) for s in range(warmup + 2)
+        assert [coeff_at(written, s) for s in range(warmup + 2)] == [
+            coeff_at(config, s) for s in range(warmup + 2)
         ]
     config = LengthShapingConfig(length_penalty_coeff=2.0, length_penalty_coeff_warmup_steps=4)
     assert [schedule_metrics(config, s) for s in (0, 1, 5)] == [
@@ -243,10 +245,14 @@ def test_the_pipeline_shapes_with_the_steps_values_and_logs_them():
         unscheduled = load_shaping_config(
             {"length_penalty": {"default": {"group_total_length_penalty_coeff": coeff}}}
         )
-        result = shape_rollouts(batch_of(lengths), config, step=step)
-        assert torch.equal(result.rewards, shape_rollouts(batch_of(lengths), unscheduled).rewards)
+        result = shape_rollouts(batch_of(lengths), config, TRL_NORMALIZATION, step=step)
+        assert torch.equal(
+            result.rewards, shape_rollouts(batch_of(lengths), unscheduled, TRL_NORMALIZATION).rewards
+        )
         assert result.metrics[f"length_schedule/{GROUP_COEFF}"] == pytest.approx(coeff, abs=1e-15)
-    first, later = (shape_rollouts(batch_of(lengths), config, step=s).rewards for s in (0, 4))
+    first, later = (
+        shape_rollouts(batch_of(lengths), config, TRL_NORMALIZATION, step=s).rewards for s in (0, 4)
+    )
     assert not torch.equal(first, later)  # the schedule changes the numbers
     assert config.length_penalty.for_agent(None).group_total_length_penalty_coeff == 0.4  # the base stays
 

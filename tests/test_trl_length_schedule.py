@@ -16,7 +16,7 @@ from tests.test_trl_cli import BLOCKED, assert_one_error_line, write_recipe
 from tests.trl_length_helpers import deterministic_rollout, tiny_config
 from trl_length_plugin import cli
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
-from trl_length_plugin.shaping.schedule import STATE_FILE, config_at
+from trl_length_plugin.shaping.schedule import STATE_FILE, coeff_at, config_at
 from trl_length_plugin.trl_integration import LengthPenaltyReward, LengthPluginGRPOTrainer
 
 SCHEDULE = [{"key": "length_penalty_coeff", "stages": [{"until_step": 2, "value": 0.25}]}]
@@ -123,13 +123,13 @@ def test_recipe_key_and_flag(tmp_path):
     recipe = write_recipe(tmp_path, "coefficient_cpu", length_schedule=floor)
     shaping = cli.parse_args(["--config", str(recipe)])[1].shaping
     assert [config_at(shaping, s).length_penalty_min_tokens for s in (0, 2, 3)] == [16, 16, 4]
-    assert [shaping.coeff_at(s) for s in (0, 1, 4)] == [0.0, 0.25, 1.0]  # the recipe's warm-up still runs
+    assert [coeff_at(shaping, s) for s in (0, 1, 4)] == [0.0, 0.25, 1.0]  # the recipe's warm-up still runs
     ramp = json.dumps(
         [{"key": "length_penalty_coeff", "stages": [{"until_step": 4, "start": 0, "end": 0.5}]}]
     )
     flags = ["--length_schedule", ramp, "--length_penalty_coeff_warmup_steps", "0"]
     shaping = cli.parse_args(["--config", str(recipe), *flags])[1].shaping
-    assert [shaping.coeff_at(s) for s in range(5)] == [0.0, 0.125, 0.25, 0.375, 1.0]
+    assert [coeff_at(shaping, s) for s in range(5)] == [0.0, 0.125, 0.25, 0.375, 1.0]
 
 
 def test_a_bad_schedule_flag_is_one_line_before_trl_is_imported(tmp_path):

@@ -46,6 +46,7 @@ from trl_length_plugin.shaping import (
     measure_lengths,
     shape_rollouts,
 )
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 
 PENALTY_YAML = """\
 verbose: true
@@ -280,7 +281,9 @@ def test_same_shaped_rewards_as_the_trl_integration(store, tokenizer, penalty_fi
         tokenizer=tokenizer,
         loss_lengths=loss_lengths,
     )
-    trl_shaped = shape_rollouts(batch, shaping).rewards  # the TRL adapter's own batch, the same core step
+    trl_shaped = shape_rollouts(
+        batch, shaping, TRL_NORMALIZATION
+    ).rewards  # the TRL adapter's own batch, the same core step
     assert torch.allclose(verl_shaped, trl_shaped[index].double(), atol=1e-6)
 
 

@@ -33,17 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from trl_length_plugin import __version__
 from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
 from trl_length_plugin.cli_help import grouped_keys, plugin_help
+from trl_length_plugin.plugin_keys import KEY_FAMILIES, PLUGIN_KEYS, HostKeys
 from trl_length_plugin.recipes import resolve_config
-from trl_length_plugin.score_centering.config import (
-    SCORE_CENTERING_KEYS,
-    ScoreCenteringConfig,
-    sampling_filter_error,
-)
+from trl_length_plugin.score_centering.config import ScoreCenteringConfig, sampling_filter_error
 from trl_length_plugin.shaping.config import (
     SHAPING_KEYS,
     config_error,
@@ -74,26 +71,8 @@ TRL_HELP_HEADING = (
 logger = logging.getLogger("trl_length_plugin")
 
 
-class PluginKeys(BaseModel):
-    """The keys ``LengthPluginGRPOConfig`` adds besides the shaping config (docs/reference/product.md §1.3)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    correctness_reward: str | None = None
-    agent_column: str = "agent"
-    length_penalty_log_file: str | None = None
-    length_penalty_log_rollouts: bool = False
-    length_curves_png: bool = False
-    luspo: bool = False
-    vllm_engine_kwargs: dict | str | None = None  # a JSON object string is parsed by the trainer's config
-
-
-#: every key of the plugin, validated before TRL is imported
-PLUGIN_KEYS = (*SHAPING_KEYS, *SCORE_CENTERING_KEYS, *PluginKeys.model_fields)
 #: TRL's sampling filters and how its parser reads a flag's value
 SAMPLING_FILTERS = {"top_p": float, "min_p": float, "top_k": int}
-#: the prefixes of the plugin's keys; TRL has no key that starts with one (the verl adapter's rule too)
-PREFIXES = ("length_penalty", "score_centering")
 
 
 def fail(message: str) -> NoReturn:
@@ -184,7 +163,7 @@ def read_command_line(argv: list[str]) -> CommandLine:
     config, rest = split_config(argv)
     command = CommandLine(config, read_recipe(config) if config else {}, flags_of(rest), rest)
     for keys, where in command.sources():
-        misspelt = {key for key in keys if key.startswith(PREFIXES) and key not in PLUGIN_KEYS}
+        misspelt = {key for key in keys if key.startswith(KEY_FAMILIES) and key not in PLUGIN_KEYS}
         if misspelt:
             raise ValueError(unknown_keys(misspelt, PLUGIN_KEYS, where))
     check_trl_keys({key: command.value(key) for key in TRL_KEYS if key in command.written}, command.flags)
@@ -198,7 +177,7 @@ def read_command_line(argv: list[str]) -> CommandLine:
         if problem:
             raise ValueError(problem)
     try:
-        for model in (ScoreCenteringConfig, PluginKeys):
+        for model in (ScoreCenteringConfig, HostKeys):
             model.model_validate({key: value for key, value in values.items() if key in model.model_fields})
     except ValidationError as err:
         raise ValueError(config_error(err)) from None

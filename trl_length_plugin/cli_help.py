@@ -1,7 +1,8 @@
 """``trl-length-grpo --help``: the plugin's keys first, grouped by feature, then TRL's (docs/trl.md, "The command line").
 
-The plugin's part needs no TRL: each key's type, default and help are read from the source of the
-dataclasses that declare them (``LengthPluginGRPOConfig``, the script arguments), without importing it.
+The plugin's part needs no TRL: each key's type, default and help come from the pydantic models that
+declare the keys (``plugin_keys``, as ``LengthPluginGRPOConfig`` gets them) and from the source of the
+script arguments' dataclass, read without importing it.
 """
 
 from __future__ import annotations
@@ -10,15 +11,14 @@ import ast
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
+from trl_length_plugin.plugin_keys import field_default, plugin_fields
 from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
 
 PACKAGE = Path(__file__).parent
-#: (file, class) of the dataclasses whose fields are the plugin's keys
-SOURCES = (
-    (PACKAGE / "trl_integration" / "config.py", "LengthPluginGRPOConfig"),
-    (PACKAGE / "trl_integration" / "script.py", "LengthGRPOScriptArguments"),
-)
+#: (file, class) of the script arguments' dataclass, whose fields are keys of the command
+SCRIPT_ARGUMENTS = (PACKAGE / "trl_integration" / "script.py", "LengthGRPOScriptArguments")
 #: (feature, its keys), in the order of --help
 GROUPS = (
     (
@@ -77,24 +77,41 @@ def _literal(node: ast.expr | None) -> str:
         return ast.unparse(node)
 
 
-def declared_keys() -> dict[str, KeyHelp]:
-    """Every field of the ``SOURCES`` dataclasses with its type, default and help text."""
+def _type_name(kind) -> str:
+    return kind.__name__ if isinstance(kind, type) and not get_args(kind) else str(kind)
+
+
+def plugin_keys() -> dict[str, KeyHelp]:
+    """Every plugin key with its type, default and help, as ``LengthPluginGRPOConfig`` declares it."""
     keys = {}
-    for path, name in SOURCES:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
-        for node in cls.body:
-            if not (isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call)):
-                continue
-            kwargs = {kw.arg: kw.value for kw in node.value.keywords}
-            metadata = ast.literal_eval(kwargs["metadata"]) if "metadata" in kwargs else {}
-            keys[node.target.id] = KeyHelp(
-                node.target.id,
-                ast.unparse(node.annotation),
-                _literal(kwargs.get("default", kwargs.get("default_factory"))),
-                metadata.get("help", ""),
-            )
+    for name, (kind, spec) in plugin_fields().items():
+        keys[name] = KeyHelp(name, _type_name(kind), repr(field_default(spec)), spec.metadata["help"])
     return keys
+
+
+def script_keys() -> dict[str, KeyHelp]:
+    """Every field of the script arguments' dataclass with its type, default and help text."""
+    path, name = SCRIPT_ARGUMENTS
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name]
+    keys = {}
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call)):
+            continue
+        kwargs = {kw.arg: kw.value for kw in node.value.keywords}
+        metadata = ast.literal_eval(kwargs["metadata"]) if "metadata" in kwargs else {}
+        keys[node.target.id] = KeyHelp(
+            node.target.id,
+            ast.unparse(node.annotation),
+            _literal(kwargs.get("default", kwargs.get("default_factory"))),
+            metadata.get("help", ""),
+        )
+    return keys
+
+
+def declared_keys() -> dict[str, KeyHelp]:
+    """Every key the command adds to TRL's: the plugin's and the script arguments'."""
+    return {**plugin_keys(), **script_keys()}
 
 
 def plugin_help(description: str, docs: Path, width: int = 100) -> str:

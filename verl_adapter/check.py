@@ -30,14 +30,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from trl_length_plugin.plugin_keys import KEY_FAMILIES
+from verl_adapter.keys import PLUGIN_KEYS
 from verl_adapter.setup_checks import TASK_RUNNER_CHECKS
 
 PROG = "trl-length verl-check"
 #: the config ``verl.trainer.main_ppo`` composes (its ``@hydra.main``)
 CONFIG_MODULE, CONFIG_NAME = "verl.trainer.config", "ppo_trainer"
 ENTRY = "verl.trainer.main_ppo"
-#: the key families whose own checks refuse an unknown member
-FAMILIES = ("length_penalty", "score_centering")
 #: the interpreter names whose ``-m verl.trainer.main_ppo`` a recipe check intercepts
 _PYTHON = "python3?"
 
@@ -147,25 +147,16 @@ def added_keys(overrides: list[str]) -> set[str]:
     return {o.lstrip("+").split("=", 1)[0].split(".", 1)[0] for o in overrides if o.startswith("+")}
 
 
-def plugin_keys() -> tuple[str, ...]:
-    """Every top-level key the plugin reads in verl (``drop_zero_std_groups`` gets its own pointer)."""
-    from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
-    from verl_adapter.length_config import LOG_ROLLOUTS, VERL_KEYS
-
-    return (*VERL_KEYS, LOG_ROLLOUTS, *SCORE_CENTERING_KEYS, "drop_zero_std_groups")
-
-
 def misspelt_keys(added: set[str]) -> dict[str, str]:
     """Added top-level keys that are no plugin key but close to one, or in the ``length_penalty*`` /
     ``score_centering*`` families (whose checks refuse unknown members) -> their error."""
-    known = plugin_keys()
     errors = {}
     for key in sorted(added):
-        if key in known:
+        if key in PLUGIN_KEYS:
             continue
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-        if close or key.startswith(FAMILIES):
-            hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
+        close = difflib.get_close_matches(key, PLUGIN_KEYS, n=1, cutoff=0.8)
+        if close or key.startswith(KEY_FAMILIES):
+            hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(PLUGIN_KEYS)}"
             errors[key] = f"{key}: unknown trl-length-plugin key; {hint}"
     return errors
 

@@ -26,20 +26,18 @@ from __future__ import annotations
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from trl_length_plugin.shaping.config import (
-    SHAPING_KEYS,
     LengthConfigError,
     LengthShapingConfig,
     did_you_mean,
     load_shaping_config,
 )
 
+from .keys import DROP_ZERO_STD, LOG_ROLLOUTS, VERL_KEYS
+
 #: the advantage estimator that carries the coefficient's group normalization (reference §3.3)
 LENGTH_GRPO = "length_grpo"
 #: the only ``algorithm.filter_groups.metric`` the shaped filter can judge (reference §3.3)
 FILTER_METRIC = "reward"
-VERL_KEYS = tuple(key for key in SHAPING_KEYS if key != "drop_zero_std_groups")
-#: TRL's key of that name: one ``Length penalty:`` line per rollout instead of the step's summary (§3.4)
-LOG_ROLLOUTS = "length_penalty_log_rollouts"
 
 
 def _plain(value):
@@ -50,9 +48,9 @@ def _plain(value):
 
 def shaping_config(config: DictConfig) -> LengthShapingConfig:
     """Validate the length keys of a full verl config and how they combine with ``algorithm``."""
-    if "drop_zero_std_groups" in config:
+    if DROP_ZERO_STD in config:
         raise ValueError(
-            "drop_zero_std_groups: in verl use algorithm.filter_groups.enable=true "
+            f"{DROP_ZERO_STD}: in verl use algorithm.filter_groups.enable=true "
             f"algorithm.filter_groups.metric={FILTER_METRIC} (judged on shaped rewards, reference §3.3)"
         )
     known = (*VERL_KEYS, LOG_ROLLOUTS)

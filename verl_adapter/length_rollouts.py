@@ -32,12 +32,11 @@ from trl_length_plugin.shaping import (
     measure_token_ids,
     shape_rollouts,
 )
+from trl_length_plugin.shaping.columns import METADATA_COLUMNS
 from trl_length_plugin.shaping.log import length_penalty_records
 from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.records import GroupRecord
 
-#: per-prompt metadata keys (reference §2.14)
-METADATA_KEYS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 _HASH_BASES = (1_000_003, 998_244_353)
 
 
@@ -228,7 +227,7 @@ class RolloutShaper:
 
             def entries(new: list) -> list:
                 rows = [row_of[prompt] for prompt in new]
-                return list(RowMetadata(fetch(rows, [*METADATA_KEYS, "extra_info"]), np.arange(len(rows))))
+                return list(RowMetadata(fetch(rows, [*METADATA_COLUMNS, "extra_info"]), np.arange(len(rows))))
 
             inputs["metadata"] = self.metadata.lookup(prompts, entries)
         return inputs
@@ -272,7 +271,7 @@ class RowMetadata(Sequence):
     def __init__(self, data: Mapping[str, Any], index: np.ndarray):
         self.index = index
         present = set(data.keys())  # a TensorDict refuses ``key in td``
-        self.columns = {key: list(data[key]) for key in METADATA_KEYS if key in present}
+        self.columns = {key: list(data[key]) for key in METADATA_COLUMNS if key in present}
         self.extra_info = list(data["extra_info"]) if "extra_info" in present else None
 
     def __len__(self) -> int:
@@ -282,6 +281,6 @@ class RowMetadata(Sequence):
         row = int(self.index[i])
         info = self.extra_info[row] if self.extra_info is not None else None
         info = info if isinstance(info, Mapping) else {}
-        meta = {key: self.columns[key][row] if key in self.columns else None for key in METADATA_KEYS}
+        meta = {key: self.columns[key][row] if key in self.columns else None for key in METADATA_COLUMNS}
         meta = {key: info.get(key) if value is None else value for key, value in meta.items()}
         return meta if any(value is not None for value in meta.values()) else None

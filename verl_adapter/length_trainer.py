@@ -41,7 +41,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from trl_length_plugin.shaping.log import format_length_penalty, records_summary
 from trl_length_plugin.shaping.records import log_group_records
-from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
+from trl_length_plugin.shaping.schedule import coeff_at, resume_message, save_schedule_state
 from trl_length_plugin.shaping.settings import shaping_settings_lines
 
 from ._host import resumed_checkpoint_folder
@@ -186,7 +186,7 @@ class LengthShapingMixin:
             return
         if not self.length_log_rollouts:
             step = self.global_steps
-            logger.info(records_summary(rows.lines, self.length_shaping.coeff_at(step), step))
+            logger.info(records_summary(rows.lines, coeff_at(self.length_shaping, step), step))
             return
         for line in rows.lines:
             logger.info(format_length_penalty(line))

@@ -31,15 +31,6 @@ REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # the mixins in front of the V1 trainers (the package imports them all)
     "verl.trainer.ppo.v1": ("verl_adapter.length_shaping", "verl_adapter.score_centering"),
 }
-#: top-level config keys (and their prefixes) that only this plugin understands
-PLUGIN_KEY_PREFIXES = (
-    "length_penalty",
-    "reasoning_tags",
-    "drop_zero_std_groups",
-    "score_centering",
-    "force_on_policy_ratio",
-)
-
 LOAD_ERRORS: dict[str, BaseException] = {}
 #: the verl modules of ``REGISTRATIONS`` whose registrations have run in this process
 _REGISTERED: set[str] = set()
@@ -47,7 +38,9 @@ _REGISTERED: set[str] = set()
 
 def plugin_features(config) -> list[str]:
     """What in a verl config needs this plugin: its top-level keys and ``loss_mode=luspo``."""
-    keys = [str(key) for key in config if str(key).startswith(PLUGIN_KEY_PREFIXES)]
+    from verl_adapter.keys import is_plugin_key  # pydantic: only a refusing trainer pays for it
+
+    keys = [str(key) for key in config if is_plugin_key(str(key))]
     policy_loss = config.actor_rollout_ref.actor.get("policy_loss") or {}
     if policy_loss.get("loss_mode") == "luspo":
         keys.append("actor_rollout_ref.actor.policy_loss.loss_mode=luspo")

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from trl_length_plugin.offline.rollouts import Rollout, RolloutReader, channel_lengths
-from trl_length_plugin.offline.tables import METADATA_COLUMNS, columns
+from trl_length_plugin.offline.tables import columns
 from trl_length_plugin.shaping import GroupNormalization, LengthShapingConfig, RolloutBatch, shape_rollouts
+from trl_length_plugin.shaping.columns import METADATA_COLUMNS
 from trl_length_plugin.shaping.config import DEFAULT_AGENT
 from trl_length_plugin.shaping.correctness import classify_groups
 from trl_length_plugin.shaping.metrics import mean_metrics
@@ -30,18 +31,7 @@ from trl_length_plugin.shaping.normalization import group_advantages
 from trl_length_plugin.shaping.pipeline import ShapingResult
 from trl_length_plugin.shaping.terms.profile_gate import GATE_REASONS
 
-TRL_STD_EPS = 1e-4  # GRPOTrainer's advantage epsilon
 DELTA_QUANTILES = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
-
-
-def trl_normalization(scale_rewards: str) -> GroupNormalization:
-    """TRL's normalization for ``scale_rewards`` (``trl_integration.length_shaping.trl_normalization``, which
-    imports TRL; a test checks that the two agree)."""
-    return GroupNormalization(
-        scale_by_std=scale_rewards != "none",
-        std_eps=TRL_STD_EPS,
-        std_scope="batch" if scale_rewards == "batch" else "group",
-    )
 
 
 def with_verbose(config: LengthShapingConfig) -> LengthShapingConfig:

@@ -19,11 +19,12 @@ from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, Parser, run
 from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs, replacing
+from trl_length_plugin.shaping.columns import AGENT_COLUMN
 from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config, read_yaml
 from trl_length_plugin.shaping.schedule import schedule_end
 
 PROG = "trl-length preview"
-HOST_KEYS = {"scale_rewards": "group", "agent_column": "agent"}  # the trainer's defaults
+HOST_KEYS = {"scale_rewards": "group", "agent_column": AGENT_COLUMN}  # the trainer's defaults
 SCALE_REWARDS = {"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}
 
 
@@ -167,6 +168,7 @@ def preview(args) -> None:
     from trl_length_plugin.offline.plot import plot_preview
     from trl_length_plugin.offline.rollouts import RolloutReader
     from trl_length_plugin.offline.tables import load_prompts, prompt_keys, resolve_tokenizer
+    from trl_length_plugin.shaping.normalization import trl_normalization
     from trl_length_plugin.shaping.records import format_group_record
 
     table = None
@@ -178,7 +180,7 @@ def preview(args) -> None:
     rows = core.read_rows(reader, config, tokenizer, table, agent_column)
     reader.check_some_valid(len(rows.rewards))
     step = schedule_end(config) if args.step is None else args.step
-    batch, result, advantages = core.shape(rows, config, core.trl_normalization(scale_rewards), step)
+    batch, result, advantages = core.shape(rows, config, trl_normalization(scale_rewards), step)
     facts = core.group_facts(batch, result, config)
     print(
         f"{PROG}: {reader.rows_read} rows read from {args.rollouts}: {batch.layout.num_rows} rollouts in "

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS, TARGET
 from trl_length_plugin.shaping.config import BAND_CHANNELS
 
 DEFAULT_RULE = "total=0.5,0.9,0.8"
@@ -114,12 +115,12 @@ class Profiles:
         ``target_length`` when targets were built."""
         index = pa.array(prompts, type=pa.int64())
         columns = {
-            "profiled_rewards": self.rewards.take(index),
-            "profiled_output_lengths": self.lengths.take(index),
-            "profile_band": [None if i is None else self.bands[i] for i in prompts],
+            PROFILED_REWARDS: self.rewards.take(index),
+            PROFILED_OUTPUT_LENGTHS: self.lengths.take(index),
+            PROFILE_BAND: [None if i is None else self.bands[i] for i in prompts],
         }
         if self.targets is not None:
-            columns["target_length"] = [None if i is None else self.targets[i] for i in prompts]
+            columns[TARGET] = [None if i is None else self.targets[i] for i in prompts]
         return columns
 
 

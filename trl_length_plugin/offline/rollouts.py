@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, first_line
+from trl_length_plugin.shaping.columns import AGENT_COLUMN
 
 #: the columns that describe one rollout (everything else in a row is prompt-level or ignored)
 ROLLOUT_COLUMNS = frozenset(
@@ -224,6 +225,21 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, dict | str]]:
         raise CommandError(f"{path}: row {number + 1}: not readable as Parquet: {first_line(err)}") from None
 
 
+def load_saved(path: str | Path):
+    """A ``datasets`` directory: a ``Dataset``, or the ``train`` (or only) split of a ``DatasetDict``."""
+    import datasets
+
+    try:
+        saved = datasets.load_from_disk(str(path))
+    except FileNotFoundError as err:
+        raise CommandError(f"{path}: not a saved datasets directory ({err})") from None
+    if isinstance(saved, datasets.DatasetDict):
+        if "train" not in saved and len(saved) != 1:
+            raise CommandError(f"{path}: a DatasetDict without a train split ({', '.join(saved)})")
+        saved = saved["train"] if "train" in saved else next(iter(saved.values()))
+    return saved
+
+
 def _dataset_rows(dataset) -> Iterator[tuple[int, dict | str]]:
     number = 0
     for batch in dataset.iter(batch_size=CHUNK_ROWS):
@@ -247,8 +263,6 @@ class RolloutSource:
     def open(cls, path: str | Path, skip_invalid_utf8: bool = False) -> RolloutSource:
         path = Path(path)
         if path.is_dir():
-            from trl_length_plugin.offline.tables import load_saved
-
             return cls(path, "row", len(load_saved(path)))
         if not path.is_file():
             raise CommandError(f"{path}: no such file or directory")
@@ -270,8 +284,6 @@ class RolloutSource:
     def rows(self) -> Iterator[tuple[int, dict | str]]:
         """``(position, row)`` for every row, or ``(position, reason)`` for one that cannot be read."""
         if self.path.is_dir():
-            from trl_length_plugin.offline.tables import load_saved
-
             return _dataset_rows(load_saved(self.path))
         suffix = self.path.suffix.lower()
         if suffix == ".csv":
@@ -317,7 +329,11 @@ class RolloutReader:
     (the first ``SHOWN`` of them with their position) and counted by reason in ``skipped``."""
 
     def __init__(
-        self, path: str | Path, prog: str, agent_column: str = "agent", skip_invalid_utf8: bool = False
+        self,
+        path: str | Path,
+        prog: str,
+        agent_column: str = AGENT_COLUMN,
+        skip_invalid_utf8: bool = False,
     ):
         self.source = RolloutSource.open(path, skip_invalid_utf8)
         self.prompts = PromptCheck(self.source, agent_column)

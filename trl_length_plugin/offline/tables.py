@@ -1,10 +1,11 @@
 """Prompt datasets and output files of the offline tools.
 
 A prompt dataset is ``embedded`` (the embedded task, as ``trl-length grpo --dataset_name embedded`` builds
-it), a JSONL, CSV or Parquet file, or a saved ``datasets`` directory. Its row ``i`` has the keys
-``id:<prompt_id>`` (the ``prompt_id`` column, else ``i``) and ``text:<prompt>`` (the ``prompt`` column), so
-rollouts may name their prompt either way (``rollouts.id_key`` / ``rollouts.text_key``). A prompt file
-that is not UTF-8 (a BOM is accepted) or that ``datasets`` cannot read is a one-line error naming it.
+it), a JSONL, CSV or Parquet file, or a saved ``datasets`` directory (read as a rollout directory is,
+``rollouts.load_saved``). Its row ``i`` has the keys ``id:<prompt_id>`` (the ``prompt_id`` column, else
+``i``) and ``text:<prompt>`` (the ``prompt`` column), so rollouts may name their prompt either way
+(``rollouts.id_key`` / ``rollouts.text_key``). A prompt file that is not UTF-8 (a BOM is accepted) or that
+``datasets`` cannot read is a one-line error naming it.
 """
 
 from __future__ import annotations
@@ -14,28 +15,11 @@ from typing import Any
 
 from trl_length_plugin.offline.command import CommandError, first_line
 from trl_length_plugin.offline.outputs import replacing
-from trl_length_plugin.offline.rollouts import id_key, text_key, utf8_lines
+from trl_length_plugin.offline.rollouts import id_key, load_saved, text_key, utf8_lines
 
 EMBEDDED = "embedded"
-#: the per-prompt metadata columns (docs/reference/length-penalties.md §2.14, §2.20)
-METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 _BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 OUTPUT_FORMATS = ".jsonl, .parquet or a directory (datasets save_to_disk)"
-
-
-def load_saved(path: str | Path):
-    """A ``datasets`` directory: a ``Dataset``, or the ``train`` (or only) split of a ``DatasetDict``."""
-    import datasets
-
-    try:
-        saved = datasets.load_from_disk(str(path))
-    except FileNotFoundError as err:
-        raise CommandError(f"{path}: not a saved datasets directory ({err})") from None
-    if isinstance(saved, datasets.DatasetDict):
-        if "train" not in saved and len(saved) != 1:
-            raise CommandError(f"{path}: a DatasetDict without a train split ({', '.join(saved)})")
-        saved = saved["train"] if "train" in saved else next(iter(saved.values()))
-    return saved
 
 
 def load_prompts(name: str, size: int = 256, seed: int = 0):

@@ -21,31 +21,44 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_v
 from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool, config_error, did_you_mean
 
 Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
-CONTROLLER_KEYS = (
-    "score_centering_adaptive_outer_bound",
-    "score_centering_adaptive_k_init",
-    "score_centering_adaptive_target",
-    "score_centering_adaptive_k_delta",
-    "score_centering_adaptive_k_min",
-    "score_centering_adaptive_k_max",
-)
 
 
 class ScoreCenteringConfig(BaseModel):
-    """``score_centering`` and its keys (reference §5.5, §5.7, §5.8); field names are the keys a user writes."""
+    """``score_centering`` and its keys (reference §5.5, §5.7, §5.8); field names are the keys a user writes,
+    descriptions their help."""
 
     model_config = _STRICT
 
-    score_centering: bool = False
-    score_centering_top_k: Count = 0
-    score_centering_importance_sampling: Mode = "auto"
-    force_on_policy_ratio: bool = False
-    score_centering_adaptive_outer_bound: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = 10.0
-    score_centering_adaptive_k_init: Number = 0.0
-    score_centering_adaptive_target: Annotated[float, Field(gt=0, lt=1), BeforeValidator(_not_bool)] = 0.02
-    score_centering_adaptive_k_delta: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = 0.05
-    score_centering_adaptive_k_min: Number = 0.0
-    score_centering_adaptive_k_max: Number = 1.0
+    score_centering: bool = Field(
+        False,
+        description="Add the score-centering correction A * C to the loss, from the vLLM sampler's top-k head "
+        "(docs/reference/score-centering.md §5). Needs use_vllm.",
+    )
+    score_centering_top_k: Count = Field(
+        0, description="K, the candidates captured per generated token (required >= 1 with score_centering)."
+    )
+    score_centering_importance_sampling: Mode = Field(
+        "auto",
+        description="auto | off | is | tis | icepop | adaptive-ppo-clip; auto derives it from "
+        "vllm_importance_sampling_correction / vllm_importance_sampling_mode (reference §5.5).",
+    )
+    force_on_policy_ratio: bool = Field(
+        False, description="The sampled-token ratio uses the detached current policy (reference §5.5)."
+    )
+    score_centering_adaptive_outer_bound: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = Field(
+        10.0, description="adaptive-ppo-clip's outer bound o, above 1 + epsilon_high (§5.7)."
+    )
+    score_centering_adaptive_k_init: Number = Field(
+        0.0, description="adaptive-ppo-clip's initial offset k (§5.7)."
+    )
+    score_centering_adaptive_target: Annotated[float, Field(gt=0, lt=1), BeforeValidator(_not_bool)] = Field(
+        0.02, description="adaptive-ppo-clip's target clip fraction, in (0, 1) (§5.7)."
+    )
+    score_centering_adaptive_k_delta: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = Field(
+        0.05, description="adaptive-ppo-clip's step of k per optimizer step (§5.7)."
+    )
+    score_centering_adaptive_k_min: Number = Field(0.0, description="Lower bound of k (§5.7).")
+    score_centering_adaptive_k_max: Number = Field(1.0, description="Upper bound of k (§5.7).")
 
     @model_validator(mode="after")
     def _dependent_keys(self) -> ScoreCenteringConfig:
@@ -83,6 +96,8 @@ class ScoreCenteringConfig(BaseModel):
 
 #: the keys of ``ScoreCenteringConfig``, as a user writes them
 SCORE_CENTERING_KEYS = tuple(ScoreCenteringConfig.model_fields)
+#: the keys of the adaptive-ppo-clip controller (reference §5.7)
+CONTROLLER_KEYS = tuple(key for key in SCORE_CENTERING_KEYS if key.startswith("score_centering_adaptive_"))
 
 
 def load_score_centering_config(values: Mapping[str, Any]) -> ScoreCenteringConfig:

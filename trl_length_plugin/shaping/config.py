@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
@@ -461,24 +462,123 @@ class KeySchedule(BaseModel):
         return self
 
 
+#: the key the coefficient's warm-up schedules (docs/reference/length-coefficient.md §3.7)
+WARMUP_KEY = "length_penalty_coeff"
+
+
+def scheduled_leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, str]:
+    """The model instance that holds ``key``'s last part, and that part; ``ValueError`` naming the key when
+    the path is unknown, passes through a block the config does not set, or ends on a non-number."""
+    *path, name = key.split(".")
+    node: Any = config
+    for depth, part in enumerate(path):
+        where = ".".join(path[: depth + 1])
+        if isinstance(node, dict):
+            if part not in node or node[part] is None:
+                raise ValueError(
+                    f"{where}: not set in the config (known: {', '.join(sorted(node)) or 'none'})"
+                )
+            node = node[part]
+            continue
+        if part not in type(node).model_fields:
+            raise ValueError(f"{where}: unknown key{did_you_mean(part, type(node).model_fields)}")
+        node = getattr(node, part)
+        if node is None:
+            raise ValueError(f"{where}: not set in the config; a schedule moves a key the config sets")
+        if not isinstance(node, BaseModel | dict):
+            raise ValueError(f"{where}: not a block of keys")
+    if not isinstance(node, BaseModel) or name not in type(node).model_fields:
+        known = type(node).model_fields if isinstance(node, BaseModel) else ()
+        raise ValueError(f"{key}: unknown key{did_you_mean(name, known)}")
+    kind = _unwrapped(type(node).model_fields[name].annotation)
+    if kind not in (int, float):
+        raise ValueError(f"{key}: not a numeric key (a schedule moves numbers)")
+    return node, name
+
+
+def check_schedule(config: LengthShapingConfig) -> None:
+    """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
+    a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
+    accepts, ramps only on float keys, each key once and not both scheduled and warmed up."""
+    seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
+    for index, schedule in enumerate(config.length_schedule):
+        prefix = f"length_schedule.{index}.key: {schedule.key}"
+        if schedule.key in seen:
+            also = " and by length_penalty_coeff_warmup_steps" if schedule.key == WARMUP_KEY else " twice"
+            raise ValueError(f"{prefix}: scheduled{also}; set one schedule per key")
+        seen.add(schedule.key)
+        try:
+            owner, name = scheduled_leaf(config, schedule.key)
+        except ValueError as err:
+            raise ValueError(f"length_schedule.{index}.key: {err}") from None
+        if not getattr(owner, name):
+            raise ValueError(
+                f"{prefix}: is 0 (off) in the config; set it to the value the key keeps after the last stage"
+            )
+        field = type(owner).model_fields[name]
+        adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
+        for number, stage in enumerate(schedule.stages):
+            if stage.value is None and _unwrapped(field.annotation) is int:
+                raise ValueError(
+                    f"length_schedule.{index}.stages.{number}: {schedule.key} is an integer key; give a value, "
+                    "not a ramp"
+                )
+            for value in (stage.value, stage.start, stage.end):
+                if value is None:
+                    continue
+                try:
+                    adapter.validate_python(value)
+                except ValidationError as err:
+                    problem = err.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ValueError(
+                        f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
+                    ) from None
+
+
 class LengthShapingConfig(_WarnOnce, BaseModel):
     """Every length-shaping key of a run: the penalty block (docs/reference/length-penalties.md §2), the
     coefficient with its floor and warm-up (docs/reference/length-coefficient.md §3.1), the reasoning tags
     (§2.5) and the zero-std filter (§3.3). TRL's config and verl's overrides both parse into it.
 
     The field names are the keys a user writes (recipe, command line, Hydra override), so a validation
-    error names the key. Dependent keys are checked together.
+    error names the key; each field's description is the key's help. Dependent keys are checked together.
     """
 
     model_config = _STRICT
 
-    length_penalty: Annotated[LengthPenaltyConfig | None, BeforeValidator(_block_or_none)] = None
-    length_penalty_coeff: NonNegative = 0.0
-    length_penalty_min_tokens: Count = 0
-    length_penalty_coeff_warmup_steps: Count = 0
-    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(_schedule_entries)] = ()
-    reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
-    drop_zero_std_groups: bool = False
+    length_penalty: Annotated[LengthPenaltyConfig | None, BeforeValidator(_block_or_none)] = Field(
+        None,
+        description="Group length penalties (docs/reference/length-penalties.md §2.1): a YAML mapping in a "
+        "recipe, a JSON string or the path of a YAML file on the command line. A --length_penalty flag "
+        "replaces the recipe's whole block. Validated before any model is loaded.",
+    )
+    length_penalty_coeff: NonNegative = Field(
+        0.0,
+        description="Length coefficient c >= 0 relative to the shortest correct rollout "
+        "(docs/reference/length-coefficient.md §3.1); 0 is off.",
+    )
+    length_penalty_min_tokens: Count = Field(
+        0, description="Floor m of the coefficient's reference length (reference §3.1)."
+    )
+    length_penalty_coeff_warmup_steps: Count = Field(
+        0, description="Raise the coefficient linearly from 0 to `length_penalty_coeff` over this many steps."
+    )
+    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(_schedule_entries)] = Field(
+        (),
+        description="Move numeric length-shaping keys through stages by optimizer step "
+        "(docs/reference/length-coefficient.md §3.7): a YAML list in a recipe, a JSON array or the path of a "
+        "YAML file on the command line; each entry is {key: <dotted key>, stages: [{until_step, value | "
+        "start, end}]}.",
+    )
+    reasoning_tags: tuple[str, str] = Field(
+        DEFAULT_REASONING_TAGS,
+        description="Opening and closing tag of the reasoning channel (reference §2.5).",
+    )
+    drop_zero_std_groups: bool = Field(
+        False,
+        description="Drop groups whose shaped rewards are all equal from the loss, masks and denominators "
+        "(reference §3.3).",
+    )
 
     _warned: set[tuple[str, ...]] = PrivateAttr(default_factory=set)
 
@@ -503,8 +603,6 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
                 f"reasoning_tags: {list(self.reasoning_tags)} disagrees with length_penalty.reasoning_tags "
                 f"{list(block.reasoning_tags)}; set one of them"
             )
-        from .schedule import check_schedule
-
         check_schedule(self)
         return self
 
@@ -534,12 +632,6 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
         if block is not None and "reasoning_tags" in block.model_fields_set:
             return block.reasoning_tags
         return self.reasoning_tags
-
-    def coeff_at(self, step: int) -> float:
-        """The coefficient at optimizer step ``step``: its warm-up or ``length_schedule`` (§3.7)."""
-        from .schedule import config_at
-
-        return config_at(self, step).length_penalty_coeff
 
     def summary(self) -> str:
         """One line saying what is switched on, for the setup log."""

@@ -39,13 +39,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from .columns import (
+    CHANNEL_NAME,
+    METADATA_KEYS,
+    PROFILE_BAND,
+    PROFILED,
+    PROFILED_OUTPUT_LENGTHS,
+    PROFILED_REWARDS,
+    TARGET,
+)
 from .config import BAND_CHANNELS, MAX_LENGTH, ProfileBandChannel
 from .threads import single_threaded
 
-PROFILED = "profiled"
-CHANNEL_NAME = "channel_name"
-TARGET = "target_length"
-METADATA_KEYS = (*BAND_CHANNELS, PROFILED, CHANNEL_NAME, TARGET)  # the columns of ``PromptMetadata.invalid``
 _BAND_KEYS = frozenset(BAND_CHANNELS)
 _INVALID = object()  # a malformed entry
 _PLAIN = {int, float}
@@ -358,7 +363,7 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     table = PromptMetadata.empty(len(entries))
     if not entries or not _given(entries).any():
         return table
-    keys = ("profile_band", "profiled_rewards", "profiled_output_lengths", TARGET)
+    keys = (PROFILE_BAND, PROFILED_REWARDS, PROFILED_OUTPUT_LENGTHS, TARGET)
     blocks, rewards, lengths, targets = _columns(entries, keys)
     invalid = np.zeros((len(entries), len(METADATA_KEYS)), dtype=bool)
     for i, channel_blocks in enumerate(_columns(blocks, BAND_CHANNELS)):

@@ -39,8 +39,22 @@ class GroupNormalization:
     single_row_stats: tuple[float, float] | None = None
 
 
+#: TRL ``GRPOTrainer``'s advantage epsilon
+TRL_STD_EPS = 1e-4
+
+
+def trl_normalization(scale_rewards: str) -> GroupNormalization:
+    """TRL ``GRPOTrainer``'s normalization of mixed groups for its ``scale_rewards`` setting (the trainer's
+    and ``trl-length preview``'s, which needs no TRL)."""
+    return GroupNormalization(
+        scale_by_std=scale_rewards != "none",
+        std_eps=TRL_STD_EPS,
+        std_scope="batch" if scale_rewards == "batch" else "group",
+    )
+
+
 #: TRL ``GRPOTrainer`` with ``scale_rewards="group"``
-TRL_NORMALIZATION = GroupNormalization()
+TRL_NORMALIZATION = trl_normalization("group")
 
 
 def _inputs(shaped: Any, raw: Any, group_index: Any) -> tuple[torch.Tensor, torch.Tensor, GroupLayout]:

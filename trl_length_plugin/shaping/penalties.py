@@ -19,10 +19,11 @@ import torch
 
 from .agents import TRUNCATION_MODES, AgentParams
 from .batch import RolloutBatch
+from .columns import METADATA_KEYS, PROFILED, TARGET
 from .config import BAND_PARAMETERS, CHANNELS, LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
 from .groups import Bucket, GroupLayout
-from .metadata import METADATA_KEYS, PROFILED, TARGET, GroupMetadata, merge_group_metadata
+from .metadata import GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
 from .terms import TermInputs, terms

@@ -21,7 +21,7 @@ from .config import LengthShapingConfig
 from .correctness import GroupKinds, classify_groups
 from .groups import GroupLayout
 from .metrics import mean_metrics
-from .normalization import TRL_NORMALIZATION, GroupNormalization, group_advantages, nonzero_std_keep_mask
+from .normalization import GroupNormalization, group_advantages, nonzero_std_keep_mask
 from .penalties import LengthPenaltyResult, apply_length_penalties
 from .schedule import config_at, schedule_metrics
 from .threads import single_threaded
@@ -88,7 +88,7 @@ def _coefficient(
 def shape_rollouts(
     batch: RolloutBatch,
     config: LengthShapingConfig,
-    normalization: GroupNormalization | None = TRL_NORMALIZATION,
+    normalization: GroupNormalization | None,
     *,
     step: int = 0,
     coeff: float | None = None,
@@ -96,8 +96,9 @@ def shape_rollouts(
 ) -> ShapingResult:
     """Shape one training batch (reference §2.6 then §3.1-3.3).
 
-    ``normalization``: the host's normalization of mixed groups, or None when the host computes the
-    advantages itself (verl's ``length_grpo`` estimator calls the same ``group_advantages``); ``step``: the
+    ``normalization``: the host's normalization of mixed groups (every host passes its own, the core has no
+    default), or None when the host computes the advantages itself (verl's ``length_grpo`` estimator calls
+    the same ``group_advantages``, the stock TRL trainer behind ``LengthPenaltyReward`` its own); ``step``: the
     optimizer step, for ``length_schedule`` and the coefficient's warm-up (§3.7: the values of that step,
     logged as ``length_schedule/<key>``; what is on is judged on ``config``); ``coeff`` overrides the
     coefficient (a user schedule); ``shaping_weight``: the host's weight of the shaping in its total reward.

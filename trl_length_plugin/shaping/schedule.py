@@ -9,29 +9,30 @@ schedule ``[{until_step: W, start: 0, end: length_penalty_coeff}]``.
 
 :func:`config_at` gives the config of one step (every scheduled key at its value, no schedule left);
 hosts pass the optimizer step to ``shape_rollouts``, which calls it, so TRL and verl move the same keys
-the same way. :func:`check_schedule` validates the entries against the config when it is loaded.
+the same way; :func:`coeff_at` is the coefficient of one step. The config validates the entries when it is
+loaded (``config.check_schedule``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
 from .config import (
+    WARMUP_KEY,
     KeySchedule,
     LengthPenaltyConfig,
     LengthShapingConfig,
     ScheduleStage,
     _unwrapped,
-    did_you_mean,
+    scheduled_leaf,
 )
 
 #: the checkpoint file that records the schedule and its values at the saved step
 STATE_FILE = "length_schedule_state.json"
-WARMUP_KEY = "length_penalty_coeff"
 
 
 def warmup_schedule(config: LengthShapingConfig) -> KeySchedule | None:
@@ -67,84 +68,11 @@ def value_at(schedule: KeySchedule, step: int, final: float) -> float:
     return final
 
 
-def _field(owner: type[BaseModel], name: str):
-    return owner.model_fields[name]
-
-
-def _leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, str]:
-    """The model instance that holds ``key``'s last part, and that part; ``ValueError`` naming the key when
-    the path is unknown, passes through a block the config does not set, or ends on a non-number."""
-    *path, name = key.split(".")
-    node: Any = config
-    for depth, part in enumerate(path):
-        where = ".".join(path[: depth + 1])
-        if isinstance(node, dict):
-            if part not in node or node[part] is None:
-                raise ValueError(
-                    f"{where}: not set in the config (known: {', '.join(sorted(node)) or 'none'})"
-                )
-            node = node[part]
-            continue
-        if part not in type(node).model_fields:
-            raise ValueError(f"{where}: unknown key{did_you_mean(part, type(node).model_fields)}")
-        node = getattr(node, part)
-        if node is None:
-            raise ValueError(f"{where}: not set in the config; a schedule moves a key the config sets")
-        if not isinstance(node, BaseModel | dict):
-            raise ValueError(f"{where}: not a block of keys")
-    if not isinstance(node, BaseModel) or name not in type(node).model_fields:
-        known = type(node).model_fields if isinstance(node, BaseModel) else ()
-        raise ValueError(f"{key}: unknown key{did_you_mean(name, known)}")
-    kind = _unwrapped(_field(type(node), name).annotation)
-    if kind not in (int, float):
-        raise ValueError(f"{key}: not a numeric key (a schedule moves numbers)")
-    return node, name
-
-
-def check_schedule(config: LengthShapingConfig) -> None:
-    """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
-    a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
-    accepts, ramps only on float keys, each key once and not both scheduled and warmed up."""
-    seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
-    for index, schedule in enumerate(config.length_schedule):
-        prefix = f"length_schedule.{index}.key: {schedule.key}"
-        if schedule.key in seen:
-            also = " and by length_penalty_coeff_warmup_steps" if schedule.key == WARMUP_KEY else " twice"
-            raise ValueError(f"{prefix}: scheduled{also}; set one schedule per key")
-        seen.add(schedule.key)
-        try:
-            owner, name = _leaf(config, schedule.key)
-        except ValueError as err:
-            raise ValueError(f"length_schedule.{index}.key: {err}") from None
-        if not getattr(owner, name):
-            raise ValueError(
-                f"{prefix}: is 0 (off) in the config; set it to the value the key keeps after the last stage"
-            )
-        field = _field(type(owner), name)
-        adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
-        for number, stage in enumerate(schedule.stages):
-            if stage.value is None and _unwrapped(field.annotation) is int:
-                raise ValueError(
-                    f"length_schedule.{index}.stages.{number}: {schedule.key} is an integer key; give a value, "
-                    "not a ramp"
-                )
-            for value in (stage.value, stage.start, stage.end):
-                if value is None:
-                    continue
-                try:
-                    adapter.validate_python(value)
-                except ValidationError as err:
-                    problem = err.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ValueError(
-                        f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
-                    ) from None
-
-
 def scheduled_values(config: LengthShapingConfig, step: int) -> dict[str, float]:
     """Each scheduled key's value at ``step``, by key path."""
     values = {}
     for schedule in schedules(config):
-        owner, name = _leaf(config, schedule.key)
+        owner, name = scheduled_leaf(config, schedule.key)
         values[schedule.key] = value_at(schedule, step, getattr(owner, name))
     return values
 
@@ -162,7 +90,7 @@ def _with_value(node: Any, parts: list[str], value: float) -> Any:
     if isinstance(node, dict):
         return {**node, head: _with_value(node[head], rest, value)}
     if not rest:
-        kind = _unwrapped(_field(type(node), head).annotation)
+        kind = _unwrapped(type(node).model_fields[head].annotation)
         return _copy(node, {head: int(value) if kind is int else float(value)})
     return _copy(node, {head: _with_value(getattr(node, head), rest, value)})
 
@@ -178,6 +106,11 @@ def config_at(config: LengthShapingConfig, step: int) -> LengthShapingConfig:
     for key, value in values.items():
         stepped = _with_value(stepped, key.split("."), value)
     return _copy(stepped, {"length_schedule": (), "length_penalty_coeff_warmup_steps": 0})
+
+
+def coeff_at(config: LengthShapingConfig, step: int) -> float:
+    """The coefficient at optimizer step ``step``: its warm-up or ``length_schedule`` (§3.7)."""
+    return config_at(config, step).length_penalty_coeff
 
 
 def schedule_metrics(config: LengthShapingConfig, step: int) -> dict[str, float]:

@@ -13,10 +13,10 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .columns import TARGET
 from .config import MAX_LENGTH
 
 DEFAULT_TEMPLATE = "Think for {n} tokens."
-TARGET_COLUMN = "target_length"
 
 
 def _instruction(template: str, n: float) -> str:
@@ -96,13 +96,13 @@ def add_target_lengths(
         elif targets is not None:
             target = targets[index]
         else:
-            target = row.get(TARGET_COLUMN)
+            target = row.get(TARGET)
         if target is None:
-            return {**row, TARGET_COLUMN: None}
+            return {**row, TARGET: None}
         target = _checked_target(target, f"row {index}")
         return {
             **row,
-            TARGET_COLUMN: target,
+            TARGET: target,
             prompt_column: prompt_with_target(row[prompt_column], target, template),
         }
 

@@ -3,7 +3,7 @@
 Callbacks see neither rewards nor the trainer (transformers' TrainerCallback API), so a schedule reaches its consumers
 through *targets*: objects with ``set_length_schedule(name, value)`` and ``attach_model(model)``.
 ``LengthPluginGRPOTrainer`` binds itself to every ``LengthPluginCallback`` it is given (and builds one for
-``length_curves_png``; the warm-up is the core's ``coeff_at``); a ``LengthPenaltyReward`` wrapper
+``length_curves_png``; the warm-up is the core's ``schedule.coeff_at``); a ``LengthPenaltyReward`` wrapper
 on the stock trainer is passed in ``targets``. Values are set in ``on_step_begin``, before the step's
 rollouts are generated, so every rollout of a step sees one value.
 

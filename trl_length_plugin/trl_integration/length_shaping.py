@@ -29,8 +29,9 @@ from dataclasses import dataclass
 import torch
 from trl.trainer.utils import get_callable_name
 
-from trl_length_plugin.shaping import GroupNormalization, ShapingResult, shape_rollouts
+from trl_length_plugin.shaping import ShapingResult, shape_rollouts
 from trl_length_plugin.shaping.log import log_length_coefficient
+from trl_length_plugin.shaping.normalization import trl_normalization
 from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
 from trl_length_plugin.shaping.settings import shaping_settings_lines
@@ -49,7 +50,6 @@ from trl_length_plugin.trl_integration.rollouts import (
 logger = logging.getLogger("trl_length_plugin")
 
 LENGTH_PENALTY_COLUMN = "length_penalty"
-TRL_STD_EPS = 1e-4  # GRPOTrainer's advantage epsilon
 NO_REWARD_SOURCE = (
     "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines a "
     "`get_reward` method."
@@ -94,15 +94,6 @@ def resolve_correctness(names: list[str], wanted: str | None, has_environment: b
         return None
     problem = "matches no" if not matches else "is ambiguous among the"
     raise ValueError(f"correctness_reward: {wanted!r} {problem} reward functions {names}")
-
-
-def trl_normalization(scale_rewards: str) -> GroupNormalization:
-    """TRL's normalization of mixed groups for its ``scale_rewards`` setting."""
-    return GroupNormalization(
-        scale_by_std=scale_rewards != "none",
-        std_eps=TRL_STD_EPS,
-        std_scope="batch" if scale_rewards == "batch" else "group",
-    )
 
 
 @dataclass

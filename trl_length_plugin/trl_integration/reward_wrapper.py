@@ -43,6 +43,7 @@ from accelerate import PartialState
 from accelerate.utils import gather
 
 from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig, shape_rollouts
+from trl_length_plugin.shaping.columns import AGENT_COLUMN
 from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
 from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.settings import shaping_settings_lines
@@ -80,7 +81,7 @@ class LengthPenaltyReward:
         num_generations: int | None = None,
         tokenizer: Any = None,
         reasoning_tags: Sequence[str] | None = None,
-        agent_column: str = "agent",
+        agent_column: str = AGENT_COLUMN,
         metrics: bool = True,
         length_schedule: Sequence[Mapping[str, Any]] | str | None = None,
     ):
@@ -221,7 +222,7 @@ class LengthPenaltyReward:
         )
         trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
         step = 0 if trainer_state is None else trainer_state.global_step
-        result = shape_rollouts(batch, self.shaping, step=step)
+        result = shape_rollouts(batch, self.shaping, None, step=step)  # the stock trainer's advantages
         log_group_records(result.penalties.groups, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():

@@ -24,13 +24,12 @@ import torch
 from accelerate.utils import gather, gather_object
 
 from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_lengths
+from trl_length_plugin.shaping.columns import METADATA_COLUMNS, METADATA_KEYS, PROFILE_BAND
 from trl_length_plugin.shaping.config import BAND_CHANNELS
-from trl_length_plugin.shaping.metadata import METADATA_KEYS, MetadataCache, PromptMetadata
+from trl_length_plugin.shaping.metadata import MetadataCache, PromptMetadata
 
 logger = logging.getLogger("trl_length_plugin")
 
-#: per-prompt metadata columns read from the top level of each dataset row (reference §2.14)
-METADATA_COLUMNS = ("profiled_rewards", "profiled_output_lengths", "profile_band", "target_length")
 NESTED_METADATA_KEY = "extra_env_info"
 #: the widths of a parsed entry's bands, profile statistics, flags and target length in the gathered tensor
 PARSED_WIDTHS = (len(BAND_CHANNELS) * 3, 3, len(METADATA_KEYS), 1)
@@ -56,7 +55,7 @@ def band_source_warning(config: LengthShapingConfig, columns: Sequence[str]) -> 
     block = config.penalties
     if block is None:
         return None
-    return block.band_source_warning("profile_band" in columns, "the dataset has no 'profile_band' column")
+    return block.band_source_warning(PROFILE_BAND in columns, f"the dataset has no {PROFILE_BAND!r} column")
 
 
 @lru_cache(maxsize=8)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from trl_length_plugin.shaping.columns import TARGET
+
 GSM8K_SYSTEM = (
     "Solve the math problem. Reason step by step inside <think> and </think>, "
     "then write only the final number."
@@ -41,7 +43,7 @@ def gsm8k_prompt_with_target(example: dict) -> dict:
     row = gsm8k_prompt(example)
     target = sampled_target(0, example["question"], *GSM8K_TARGET_RANGE)
     row["prompt"] = prompt_with_target(row["prompt"], target, "Think for maximum {n} tokens.")
-    return {**row, "target_length": target}
+    return {**row, TARGET: target}
 
 
 def _final_number(text: str) -> str | None:
