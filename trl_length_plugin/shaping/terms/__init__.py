@@ -164,10 +164,10 @@ def register_term(
         taken = set(parameters) & set(_KEYS)
         if taken:
             raise ValueError(f"length term {name!r}: key {sorted(taken)[0]!r} belongs to another term")
+        declared = (metadata, prepare, metrics, check, turned_on)
         _REGISTRY[name] = Term(
-            name, kind, order, dict(parameters), switches, outputs or (name,), compute,
-            metadata, prepare, metrics, check, turned_on,
-        )  # fmt: skip
+            name, kind, order, dict(parameters), switches, outputs or (name,), compute, *declared
+        )
         _changed()
         return compute
 
