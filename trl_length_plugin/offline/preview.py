@@ -2,7 +2,7 @@
 
 Rows become one ``RolloutBatch`` (groups: the ``group`` column, else the prompt key), shaped by the core's
 ``shape_rollouts`` exactly as the TRL trainer shapes its gathered batch, with TRL's normalization for
-``scale_rewards``. Per-group facts come from the engine's verbose outputs (the data of the verbose records
+``scale_rewards``. Per-group facts come from the engine's verbose trace (the data of the verbose records
 of docs/reference/length-penalties.md §2.15): the preview always switches ``verbose`` on.
 
 Memory: per rollout its reward, three lengths, group, agent and a reference to its prompt's metadata;
@@ -35,7 +35,7 @@ DELTA_QUANTILES = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
 
 
 def with_verbose(config: LengthShapingConfig) -> LengthShapingConfig:
-    """``config`` with ``verbose`` on, so the engine keeps its per-term outputs (numbers unchanged)."""
+    """``config`` with ``verbose`` on, so the engine keeps its trace (numbers unchanged)."""
     block = config.length_penalty
     if block is None or block.verbose:
         return config
@@ -177,7 +177,7 @@ def _groups_where(layout, rows: torch.Tensor) -> list[int]:
 
 
 def group_facts(batch: RolloutBatch, result: ShapingResult, config: LengthShapingConfig) -> GroupFacts:
-    """What happened to each group, from the engine's verbose outputs (``LengthPenaltyResult.outputs``),
+    """What happened to each group, from the engine's verbose trace (``LengthPenaltyResult.trace``),
     with the verbose records' rules (``shaping.records``): status, terms and bands that changed a row, the
     gate of shaped groups whose agent has it on."""
     layout = batch.layout
@@ -198,18 +198,20 @@ def group_facts(batch: RolloutBatch, result: ShapingResult, config: LengthShapin
         )
     touched: list[set[str]] = [set() for _ in range(groups)]
     gates: list[tuple[bool, str] | None] = [None] * groups
-    outputs = result.penalties.outputs if result.penalties is not None else {}
-    for key, values in outputs.items():
-        kind, _, name = key.partition(":")
-        if kind in ("term", "band"):
-            label = name if kind == "term" else f"band_{name}"
-            for g in _groups_where(layout, values != (0 if kind == "term" else 1)):
-                touched[g].add(label)
-    if outputs:
-        opened, reasons = outputs["group:gate_open"].tolist(), outputs["group:gate_reason"].tolist()
-        for g, agent in enumerate(agents):
-            if status[g] == "shaped" and params[agent].group_length_penalty_profile_gate:
-                gates[g] = (opened[g], GATE_REASONS[reasons[g]])
+    trace = result.penalties.trace if result.penalties is not None else None
+    if trace is not None:
+        for name, change in trace.changes.items():
+            for g in _groups_where(layout, change != 0):
+                touched[g].add(name)
+        for name, multiplier in trace.multipliers.items():
+            for g in _groups_where(layout, multiplier != 1):
+                touched[g].add(f"band_{name}")
+        gate = trace.groups.get("profile_gate")
+        if gate is not None:
+            opened, reasons = gate["open"].tolist(), gate["reason"].tolist()
+            for g, agent in enumerate(agents):
+                if status[g] == "shaped" and params[agent].group_length_penalty_profile_gate:
+                    gates[g] = (opened[g], GATE_REASONS[reasons[g]])
     if result.coefficient is not None:
         for g in _groups_where(layout, result.coefficient.multipliers < 1):
             touched[g].add("coefficient")

@@ -7,21 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import BAND_CHANNELS, CHANNELS, DEFAULT_AGENT, LengthPenaltyConfig, LengthPenaltyParams
-
-GATE_FIELDS = ("a", "b", "f")
-TRUNCATION_MODES = ("none", "mask", "penalty", "incorrect")
-TARGET_LENGTH_MODES = ("none", "exact", "max")
-#: string parameters, held as their index in these options
-CHOICES = {
-    "group_length_penalty_profile_gate_channel": BAND_CHANNELS,
-    "group_length_penalty_profile_gate_field": GATE_FIELDS,
-    "overlong_channel": CHANNELS,
-    "cosine_channel": CHANNELS,
-    "truncation": TRUNCATION_MODES,
-    "target_length": TARGET_LENGTH_MODES,
-    "target_length_channel": CHANNELS,
-}
+from .config import DEFAULT_AGENT, LengthPenaltyConfig, LengthPenaltyParams
+from .terms import key_choices, switched_on
 
 
 class AgentParams:
@@ -41,11 +28,13 @@ class AgentParams:
         self._cache: dict[str, torch.Tensor] = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        """Per-group values of a parameter: bool, float64, or for a string its index in its options."""
+        """Per-group values of a parameter: bool, float64, or for a string its index in its options (the
+        term's declaration, ``Parameter.choices``)."""
         if name not in self._cache:
             values = [getattr(params, name) for params in self.params]
-            if name in CHOICES:
-                tensor = torch.tensor([CHOICES[name].index(value) for value in values])
+            choices = key_choices(name)
+            if choices:
+                tensor = torch.tensor([choices.index(value) for value in values])
             else:
                 tensor = torch.tensor(
                     values, dtype=torch.bool if isinstance(values[0], bool) else torch.float64
@@ -55,7 +44,7 @@ class AgentParams:
 
     def uses(self, *names: str) -> bool:
         """Whether any agent sets one of these parameters to a non-zero value (a mode: not none)."""
-        return any(getattr(p, name) not in (0, False, "none") for p in self.params for name in names)
+        return any(switched_on(getattr(p, name)) for p in self.params for name in names)
 
     def agents_where(self, flags: torch.Tensor) -> list[str]:
         """Names of the agents owning at least one flagged group."""

@@ -8,7 +8,7 @@ and the offline tools import it before torch.
 
 from __future__ import annotations
 
-from .config import BAND_CHANNELS
+from .fields import BAND_CHANNELS
 
 PROFILED_REWARDS = "profiled_rewards"
 PROFILED_OUTPUT_LENGTHS = "profiled_output_lengths"

@@ -32,28 +32,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
-Channel = Literal["total", "reasoning", "answer"]
-CHANNELS: tuple[Channel, ...] = ("reasoning", "answer", "total")  # bonus / longest / zMAD order (§2.7)
-BAND_CHANNELS: tuple[Channel, ...] = ("total", "reasoning", "answer")  # band order (§2.12)
-#: the per-agent keys that read a profile band (§2.12, §2.13)
-BAND_PARAMETERS = ("group_length_penalty_profile_gate", *(f"profile_band_{ch}" for ch in BAND_CHANNELS))
+from .fields import BAND_CHANNELS, Count, NonNegative, Number, _not_bool
+from .terms import on_change, switched_on, switches_reading, term_fields, terms
+
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
 MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
-
-
-def _not_bool(value: Any) -> Any:
-    """Numbers must be numbers: ``true`` is not 1 (pydantic's lax mode would take it)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    return value
-
-
-Number = Annotated[float, BeforeValidator(_not_bool)]
-NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_bool)]
 BandBound = Annotated[float, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]  # a length (§2.12)
-Count = Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
 
@@ -77,7 +64,9 @@ class _WarnOnce:
 class LengthPenaltyParams(BaseModel):
     """The per-agent parameters: ``length_penalty.default`` and every ``agent_overrides.<agent>``.
 
-    In an override only the keys it sets replace ``default`` (``model_fields_set``, docs/reference/length-penalties.md §2.3).
+    The fields here are those every term shares; each term's own keys are added from the registry
+    (``shaping.terms``) by :func:`_assemble_parameters`, in §2.6 order. In an override only the keys it sets
+    replace ``default`` (``model_fields_set``, docs/reference/length-penalties.md §2.3).
     """
 
     model_config = _STRICT
@@ -85,76 +74,15 @@ class LengthPenaltyParams(BaseModel):
     enabled: bool = True
     length_type: Literal["tokens", "chars"] = "tokens"
     top_percentile: Annotated[float, Field(gt=0, le=1), BeforeValidator(_not_bool)] = 0.5
-    reasoning_bonus: NonNegative = 0.0
-    answer_bonus: NonNegative = 0.0
-    total_bonus: NonNegative = 0.0
-    longest_reasoning_penalty: NonNegative = 0.0
-    longest_answer_penalty: NonNegative = 0.0
-    longest_total_penalty: NonNegative = 0.0
-    group_reasoning_length_penalty_coeff: NonNegative = 0.0
-    group_answer_length_penalty_coeff: NonNegative = 0.0
-    group_total_length_penalty_coeff: NonNegative = 0.0
-    reasoning_zmad_threshold: NonNegative = 0.0
-    reasoning_zmad_penalty: NonNegative = 0.0
-    answer_zmad_threshold: NonNegative = 0.0
-    answer_zmad_penalty: NonNegative = 0.0
-    total_zmad_threshold: NonNegative = 0.0
-    total_zmad_penalty: NonNegative = 0.0
-    profiled_length_penalty: NonNegative = 0.0
-    profiled_length_n_std: Number = 1.0
-    profiled_length_min_samples: Annotated[int, Field(ge=1), BeforeValidator(_not_bool)] = 2
-    pass_rate_length_penalty_weight: NonNegative = 0.0
-    profile_band_total: bool = False
-    profile_band_reasoning: bool = False
-    profile_band_answer: bool = False
-    group_length_penalty_profile_gate: bool = False
-    group_length_penalty_profile_gate_channel: Channel = "total"
-    group_length_penalty_profile_gate_field: Literal["a", "b", "f"] = "a"
-    group_length_penalty_profile_gate_positive_only: bool = True
-    # per-rollout terms (docs/reference/length-penalties.md §2.17-2.19)
-    overlong_max_length: Count = 0
-    overlong_buffer: Count = 0
-    overlong_factor: NonNegative = 1.0
-    overlong_channel: Channel = "total"
-    cosine_max_length: Count = 0
-    cosine_min_value_wrong: Number = -1.0
-    cosine_max_value_wrong: Number = -0.5
-    cosine_min_value_correct: Number = 0.5
-    cosine_max_value_correct: Number = 1.0
-    cosine_channel: Channel = "total"
-    truncation: Literal["none", "mask", "penalty", "incorrect"] = "none"
-    truncation_penalty_factor: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)] = 0.0
-    # the target-length reward (L1 / LCPO, docs/reference/length-penalties.md §2.20)
-    target_length: Literal["none", "exact", "max"] = "none"
-    target_length_alpha: NonNegative = 0.0003
-    target_length_delta: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)] = 0.5
-    target_length_tolerance: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = 0.1
-    target_length_channel: Channel = "total"
 
 
-def rollout_term_errors(params: Mapping[str, Any]) -> list[str]:
-    """The per-rollout terms' dependent-key errors of one agent's merged parameters, ``key: message``
-    (docs/reference/length-penalties.md §2.17-2.20)."""
-    errors = []
-    longest, buffer = params["overlong_max_length"], params["overlong_buffer"]
-    if longest and not 0 < buffer <= longest:
-        errors.append(
-            f"overlong_buffer: needs 0 < overlong_buffer <= overlong_max_length ({longest}), got {buffer}"
-        )
-    if buffer and not longest:
-        errors.append("overlong_buffer: needs overlong_max_length > 0 (the maximum length it ends at)")
-    if not params["cosine_max_length"]:
-        cosine = [k for k in params if k.startswith("cosine_") and k != "cosine_max_length"]
-        if any(k in params.get("_set", ()) for k in cosine):
-            errors.append("cosine_max_length: needs a value > 0 when a cosine_* key is set")
-    if "truncation_penalty_factor" in params.get("_set", ()) and params["truncation"] != "penalty":
-        errors.append("truncation_penalty_factor: needs truncation: penalty")
-    target = [k for k in params.get("_set", ()) if k.startswith("target_length_")]
-    if target and params["target_length"] == "none":
-        errors.append(f"{sorted(target)[0]}: needs target_length: exact or max")
-    if "target_length_delta" in params.get("_set", ()) and params["target_length"] == "exact":
-        errors.append("target_length_delta: needs target_length: max (exact has no delta)")
-    return errors
+_SHARED_FIELDS = dict(LengthPenaltyParams.model_fields)
+
+
+def term_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
+    """The terms' dependent-key errors of one agent's merged parameters, ``key: message``; ``given``: the
+    keys ``default`` or the agent's block sets (docs/reference/length-penalties.md §2.17-2.20)."""
+    return [error for term in terms() if term.check is not None for error in term.check(params, given)]
 
 
 class ProfileBandChannel(BaseModel):
@@ -209,8 +137,8 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
     _resolved: dict[str, LengthPenaltyParams] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
-    def _rollout_terms(self) -> LengthPenaltyConfig:
-        """Each agent's merged per-rollout keys, checked at load (docs/reference/length-penalties.md §2.17)."""
+    def _dependent_keys(self) -> LengthPenaltyConfig:
+        """Each agent's merged keys, checked at load by their terms (docs/reference/length-penalties.md §2.17)."""
         blocks = {
             "default": self.default,
             **{f"agent_overrides.{k}": o for k, o in (self.agent_overrides or {}).items() if o is not None},
@@ -218,8 +146,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         for path, block in blocks.items():
             merged = self.default.model_dump()
             merged.update(block.model_dump(exclude_unset=True))
-            merged["_set"] = self.default.model_fields_set | block.model_fields_set
-            errors = rollout_term_errors(merged)
+            errors = term_errors(merged, self.default.model_fields_set | block.model_fields_set)
             if errors:
                 raise ValueError(f"{path}.{errors[0]}")
         return self
@@ -244,11 +171,9 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         """Whether some agent reads per-prompt metadata (a gate, a band, the profiled penalty or the target
         length, §2.14, §2.20)."""
         params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
-        keys = (*BAND_PARAMETERS, "profiled_length_penalty")
-        return (
-            bool(self.global_bands)
-            or any(getattr(p, key) for p in params for key in keys)
-            or any(p.target_length != "none" for p in params)
+        switches = [key for term in terms() if term.metadata for key in term.switches]
+        return bool(self.global_bands) or any(
+            switched_on(getattr(p, key)) for p in params for key in switches
         )
 
     @property
@@ -273,7 +198,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         if has_bands or self.global_bands:
             return None
         params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
-        used = sorted({name for p in params for name in BAND_PARAMETERS if getattr(p, name)})
+        used = sorted({name for p in params for name in switches_reading("bands") if getattr(p, name)})
         if not used or not self.first_time(("no_band_source",)):
             return None
         return (
@@ -664,6 +589,19 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
             "length_type" in o.model_fields_set and o.length_type == "tokens" for o in overrides
         )
 
+
+def _assemble_parameters() -> None:
+    """Give ``LengthPenaltyParams`` the shared fields, then every registered term's keys, and rebuild the
+    models that hold it; run at import and whenever a term is registered or removed (docs/write-a-term.md).
+    Pydantic has no public call to change a model's fields, so its field table is replaced."""
+    fields = {name: FieldInfo.from_annotated_attribute(*field) for name, field in term_fields().items()}
+    LengthPenaltyParams.__pydantic_fields__ = {**_SHARED_FIELDS, **fields}
+    for model in (LengthPenaltyParams, LengthPenaltyConfig, LengthShapingConfig):
+        model.model_rebuild(force=True)
+
+
+_assemble_parameters()
+on_change(_assemble_parameters)
 
 #: the keys of ``LengthShapingConfig``, as a user writes them
 SHAPING_KEYS = tuple(LengthShapingConfig.model_fields)

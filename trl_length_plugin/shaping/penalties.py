@@ -1,7 +1,8 @@
 """The group length penalties, vectorized over a batch (docs/reference/length-penalties.md §2).
 
-Per group, in the order of §2.6: agent, binary check, lengths, the gate terms, the additive terms in order,
-sum and clamp at 0, the multiplier terms (``terms``: one registered module per algorithm). Groups are packed
+Per group, in the order of §2.6: agent, binary check, lengths, then the registered terms by kind and order
+(``terms``: one module per algorithm, which declares what it reads; nothing here names a term): rollout,
+gate, additive, the sum clamped at 0, multiplier. Groups are packed
 into slot-major ``[width, groups]`` matrices (``groups.GroupLayout``) and every step is a tensor operation
 over all of them; the only Python loops run over distinct agents and over buckets. Sums over a group run
 in row order (``groups.row_sum``) so they equal a plain loop bit for bit.
@@ -17,17 +18,17 @@ from typing import Any
 
 import torch
 
-from .agents import TRUNCATION_MODES, AgentParams
+from .agents import AgentParams
 from .batch import RolloutBatch
-from .columns import METADATA_KEYS, PROFILED, TARGET
-from .config import BAND_PARAMETERS, CHANNELS, LengthPenaltyConfig
+from .columns import METADATA_KEYS, PROFILE_BAND, PROFILED, TARGET
+from .config import LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
+from .fields import CHANNELS
 from .groups import Bucket, GroupLayout
 from .metadata import GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
-from .terms import TermInputs, terms
-from .terms.profile_gate import gate_limits
+from .terms import GATE_OPEN, REWARD, Kind, Metadata, Term, TermInputs, terms
 from .threads import single_threaded
 from .view import GroupView
 
@@ -46,17 +47,27 @@ METRIC_KEYS = (
 
 
 @dataclass
+class ShapingTrace:
+    """What the terms did (the data of the verbose records and of the preview, §2.15): per row, by output
+    name, the outputs of the rollout and additive terms that ran (``changes``) and of the multiplier terms
+    (``multipliers``); per group, by term, its ``prepare`` values and a gate's outputs (``groups``)."""
+
+    changes: dict[str, torch.Tensor]
+    multipliers: dict[str, torch.Tensor]
+    groups: dict[str, dict[str, torch.Tensor]]
+
+
+@dataclass
 class LengthPenaltyResult:
     """``rewards``: shaped, one per row, in the input's dtype (rows of skipped groups are the input,
     bit for bit); ``env_rewards``: the input; ``row_metrics``: §2.15 per row, whose means are ``metrics``
-    (empty when nothing is enabled). With ``verbose`` on, ``outputs`` holds the engine's own outputs (per
-    row ``term:<name>`` and ``band:<channel>``, per group ``group:gate_open``, ``group:gate_mean`` and
-    ``group:gate_reason``) and ``groups`` the per-group records, built from them when first read."""
+    (empty when nothing is enabled). With ``verbose`` on, ``trace`` holds what the terms did and ``groups``
+    the per-group records, built from it when first read."""
 
     rewards: torch.Tensor
     env_rewards: torch.Tensor
     row_metrics: dict[str, torch.Tensor]
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    trace: ShapingTrace | None = None
     build_groups: Callable[[], list[GroupRecord]] | None = field(default=None, repr=False)
 
     @property
@@ -70,87 +81,52 @@ class LengthPenaltyResult:
 
 
 @dataclass
-class _Shared:
-    """Per-group inputs of every bucket: metadata, gate limits and profiled thresholds (G,)."""
+class _Terms:
+    """The terms some agent of the batch turns on, in §2.6 order, with their per-group inputs (G,) from
+    ``prepare``; ``kept``: the terms whose returned values leave the buckets (verbose, or read by their
+    ``metrics``)."""
 
-    meta: GroupMetadata
-    limits: torch.Tensor
-    profiled_threshold: torch.Tensor
+    used: list[Term]
+    prepared: dict[str, dict[str, torch.Tensor]]
+    kept: set[str]
 
-    def inputs(self, bucket: Bucket, gate_open: torch.Tensor, adjustment: torch.Tensor) -> TermInputs:
-        return TermInputs(
-            gate_open=gate_open,
-            adjustment=adjustment,
-            profiled_threshold=bucket.take(self.profiled_threshold),
-            bands={channel: bucket.take(band) for channel, band in self.meta.bands.items()},
-            limits=bucket.take(self.limits),
-            target=bucket.take(self.meta.target),
-        )
+    def of(self, kind: Kind) -> list[Term]:
+        return [term for term in self.used if term.kind == kind]
+
+    def inputs(
+        self, term: Term, bucket: Bucket, gate_open: torch.Tensor, adjustment: torch.Tensor
+    ) -> TermInputs:
+        prepared = {name: bucket.take(value) for name, value in self.prepared.get(term.name, {}).items()}
+        return TermInputs(gate_open, adjustment, prepared)
 
 
-def _shared_inputs(batch: RolloutBatch, config: LengthPenaltyConfig, params: AgentParams) -> _Shared:
-    """Read per-prompt metadata only when an agent uses it (§2.10, §2.12-2.14, §2.20)."""
-    read_bands = params.uses(*BAND_PARAMETERS)
-    read_profiles = params.uses("profiled_length_penalty")
-    read_target = params.uses("target_length")
-    layout = batch.layout
-    prompts = batch.group_metadata() if read_bands or read_profiles or read_target else None
+@dataclass
+class _Part:
+    """One bucket's packed results: the shaped reward and masks ``[width, Gb]``, each kept term's returned
+    per-row values and each gate's per-group values (Gb,)."""
+
+    shaped: torch.Tensor
+    processed: torch.Tensor
+    positive: torch.Tensor
+    rows: dict[str, dict[str, torch.Tensor]]
+    groups: dict[str, dict[str, torch.Tensor]]
+
+
+def _read_metadata(
+    batch: RolloutBatch, config: LengthPenaltyConfig, used: list[Term]
+) -> tuple[GroupMetadata, set[Metadata]]:
+    """The per-prompt metadata the used terms read (§2.10, §2.12-2.14, §2.20), merged per group, and what
+    was read."""
+    needs = {need for term in used for need in term.metadata}
     meta = merge_group_metadata(
-        prompts, config.global_bands, layout.num_groups, read_bands, read_profiles, read_target
+        batch.group_metadata() if needs else None,
+        config.global_bands,
+        batch.layout.num_groups,
+        "bands" in needs,
+        "profiles" in needs,
+        "target" in needs,
     )
-    limits = gate_limits(
-        meta.bands,
-        params["group_length_penalty_profile_gate_channel"].long(),
-        params["group_length_penalty_profile_gate_field"].long(),
-    )
-    threshold = meta.profiled_threshold(
-        params["profiled_length_n_std"], params["profiled_length_min_samples"]
-    )
-    return _Shared(meta, limits, threshold)
-
-
-def _run_gate(view: GroupView, shared: _Shared) -> dict[str, torch.Tensor]:
-    """The gate terms' outputs (open, mean, reason), or an open gate when no agent uses one."""
-    width = view.shaped_groups.shape
-    out = {
-        "open": torch.ones(width, dtype=torch.bool),
-        "mean": torch.full(width, float("nan"), dtype=torch.float64),
-        "reason": torch.zeros(width, dtype=torch.long),
-    }
-    for term in terms("gate"):
-        if term.used_by(view):
-            out.update(term.compute(view, shared.inputs(view.bucket, out["open"], view.rewards)))
-    return out
-
-
-def _rollout_terms(view: GroupView, shared: _Shared) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The rollout reward after the per-rollout terms, in order (§2.17-2.19), and their outputs
-    (``term:<name>``, empty when none is used). A term adds its outputs to the running reward, or returns the
-    new reward itself as ``reward`` (the cosine reward replaces it, exactly); its ``metric:<name>`` outputs
-    are per-row metric values, kept as they are."""
-    reward, out = view.rewards, {}
-    for term in terms("rollout"):
-        if term.used_by(view):
-            inputs = shared.inputs(view.bucket, view.shaped_groups, reward)
-            outputs = term.compute(view, inputs)
-            replaced = outputs.pop("reward", None)
-            out.update({name: outputs.pop(name) for name in list(outputs) if name.startswith("metric:")})
-            for name, value in outputs.items():
-                reward = reward + value
-                out[f"term:{name}"] = value
-            if replaced is not None:
-                reward = replaced
-    return reward, out
-
-
-def _rollout_groups(view: GroupView) -> torch.Tensor:
-    """(Gb,) the groups whose agent turns on a per-rollout reward term (§2.6): their rewards may be negative."""
-    return (
-        (view.p("cosine_max_length") > 0)
-        | (view.p("overlong_max_length") > 0)
-        | (view.p("truncation") == TRUNCATION_MODES.index("penalty"))
-        | (view.p("target_length") > 0)
-    )
+    return meta, needs
 
 
 def _shape_bucket(
@@ -158,60 +134,91 @@ def _shape_bucket(
     params: AgentParams,
     rows: dict[str, torch.Tensor],
     shaped_groups: torch.Tensor,
-    shared: _Shared,
-    keep_terms: bool,
-) -> dict[str, torch.Tensor]:
-    """Every term for the groups of one bucket; returns packed row outputs and per-group outputs (each
-    term's own outputs only with ``keep_terms``, for verbose records)."""
+    found: _Terms,
+) -> _Part:
+    """Every used term for the groups of one bucket, in §2.6 order (``terms``' module docstring)."""
     rewards = bucket.pack(rows["rewards"])
     processed = bucket.valid & bucket.take(shaped_groups)
     clean = rewards.nan_to_num(0.0)
     channel_lengths = bucket.pack(torch.stack([rows[channel] for channel in CHANNELS]))
     truncated = None if rows.get("truncated") is None else bucket.pack(rows["truncated"], False)
     view = GroupView(bucket, params, clean, channel_lengths, processed, processed & (clean > 0), truncated)
-    clean, rollout = _rollout_terms(view, shared)
-    if rollout:  # the group terms read the rollout reward; positive stays the correctness (§2.6)
-        view = GroupView(bucket, params, clean, channel_lengths, processed, view.positive, truncated)
-    gate = _run_gate(view, shared)
-    adjustment, kept = torch.zeros_like(clean), {}
-    for term in terms("additive"):
-        if not term.used_by(view):
-            continue
-        for name, value in term.compute(view, shared.inputs(bucket, gate["open"], adjustment)).items():
-            adjustment.add_(value)  # summed as each term finishes, so its temporaries are freed early
-            if keep_terms:
-                kept[f"term:{name}"] = value
-    signed = _rollout_groups(view)
-    if bool(signed.any()):  # the group terms stop at 0, or at a negative rollout reward (§2.6)
-        shaped = torch.maximum(adjustment.add_(clean), torch.where(signed, clean.clamp(max=0), 0.0))
+    kept_rows: dict[str, dict[str, torch.Tensor]] = {}
+    kept_groups: dict[str, dict[str, torch.Tensor]] = {}
+
+    def run(term: Term, gate_open: torch.Tensor, adjustment: torch.Tensor) -> dict[str, torch.Tensor]:
+        values = term.compute(view, found.inputs(term, bucket, gate_open, adjustment))
+        if term.name in found.kept:
+            kept = {name: value for name, value in values.items() if name != REWARD}
+            (kept_groups if term.kind == "gate" else kept_rows)[term.name] = kept
+        return values
+
+    reward = clean
+    for term in found.of("rollout"):
+        values = run(term, view.shaped_groups, reward)
+        for name, value in values.items():
+            if name in term.outputs:
+                reward = reward + value
+        reward = values.get(REWARD, reward)  # the new reward itself replaces the sum, exactly
+    if reward is not clean:  # the group terms read the rollout reward; positive stays the correctness (§2.6)
+        view = GroupView(bucket, params, reward, channel_lengths, processed, view.positive, truncated)
+    gate_open = torch.ones(view.shaped_groups.shape, dtype=torch.bool)
+    for term in found.of("gate"):
+        gate_open = run(term, gate_open, view.rewards)[GATE_OPEN]
+    adjustment = torch.zeros_like(reward)
+    for term in found.of("additive"):
+        for name, value in run(term, gate_open, adjustment).items():
+            if name in term.outputs:
+                adjustment.add_(value)  # summed as each term finishes, so its temporaries are freed early
+    # the group terms stop at 0, or at a negative rollout reward where a rollout term is on (§2.6)
+    signed = [term.on(view) for term in found.of("rollout")]
+    signed = torch.stack(signed).any(0) if signed else None
+    if signed is not None and bool(signed.any()):
+        shaped = torch.maximum(adjustment.add_(reward), torch.where(signed, reward.clamp(max=0), 0.0))
     else:
-        shaped = adjustment.add_(clean).clamp_(min=0)
-    for term in terms("multiplier"):
-        if term.used_by(view):
-            for name, multiplier in term.compute(view, shared.inputs(bucket, gate["open"], shaped)).items():
+        shaped = adjustment.add_(reward).clamp_(min=0)
+    for term in found.of("multiplier"):
+        for name, multiplier in run(term, gate_open, shaped).items():
+            if name in term.outputs:
                 shaped = shaped * multiplier
-                if keep_terms:
-                    kept[f"band:{name}"] = multiplier
-    return {
-        "shaped": shaped,
-        "processed": processed,
-        "positive": view.positive,
-        **rollout,
-        **kept,
-        **{f"group:gate_{name}": value for name, value in gate.items()},
-    }
+    return _Part(shaped, processed, view.positive, kept_rows, kept_groups)
 
 
-def _unpack(parts: list[dict[str, torch.Tensor]], layout: GroupLayout) -> dict[str, torch.Tensor]:
-    """Per-row (or per-group, ``group:`` keys) tensors from the buckets' outputs; a key some bucket lacks
-    (a term no group of it used) is zero there."""
-    keys = dict.fromkeys(key for part in parts for key in part)
+def _unpack(parts: list[_Part], layout: GroupLayout, term: Term) -> dict[str, torch.Tensor]:
+    """One kept term's values over the batch, per row (a gate: per group); a row value some bucket lacks
+    (no group of it turned it on) is zero there."""
+    if term.kind == "gate":
+        side = [part.groups[term.name] for part in parts]
+        return {key: layout.per_group([values[key] for values in side]) for key in side[0]}
+    side = [part.rows[term.name] for part in parts]
+    keys = dict.fromkeys(key for values in side for key in values)
     return {
-        key: (layout.per_group if key.startswith("group:") else layout.unpack)(
-            [part[key] if key in part else torch.zeros_like(part["shaped"]) for part in parts]
+        key: layout.unpack(
+            [
+                values[key] if key in values else torch.zeros_like(part.shaped)
+                for values, part in zip(side, parts, strict=True)
+            ]
         )
         for key in keys
     }
+
+
+def _trace(found: _Terms, values: dict[str, dict[str, torch.Tensor]]) -> ShapingTrace:
+    """The verbose trace: the terms' per-row outputs by kind, each term's per-group values."""
+
+    def outputs(*kinds: Kind) -> dict[str, torch.Tensor]:
+        return {
+            name: value
+            for kind in kinds
+            for term in found.of(kind)
+            for name, value in values[term.name].items()
+            if name in term.outputs
+        }
+
+    groups = {name: dict(prepared) for name, prepared in found.prepared.items()}
+    for term in found.of("gate"):
+        groups.setdefault(term.name, {}).update(values[term.name])
+    return ShapingTrace(outputs("rollout", "additive"), outputs("multiplier"), groups)
 
 
 def _warn(
@@ -220,6 +227,7 @@ def _warn(
     kinds: GroupKinds,
     shaped_groups: torch.Tensor,
     meta: GroupMetadata,
+    read_bands: bool,
 ) -> None:
     """The once-per-agent warnings of §2.4 and §2.12, and the once-per-run one when no band can apply."""
     enabled = params["enabled"]
@@ -237,10 +245,10 @@ def _warn(
             "they are left unshaped (docs/reference/length-penalties.md §2.4)",
             agent,
         )
-    if params.uses(*BAND_PARAMETERS):
+    if read_bands:
         flagged = any(bool(meta.invalid[key].any()) for key in METADATA_KEYS if key not in (PROFILED, TARGET))
         found = flagged or any(bool((~band[:, 0].isnan()).any()) for band in meta.bands.values())
-        warning = config.band_source_warning(found, "no prompt of the batch has a 'profile_band'")
+        warning = config.band_source_warning(found, f"no prompt of the batch has a {PROFILE_BAND!r}")
         if warning:
             logging.getLogger("trl_length_plugin").warning(warning)
     for key in METADATA_KEYS:
@@ -257,14 +265,15 @@ def _warn(
 def _row_metrics(
     env: torch.Tensor,
     final: torch.Tensor,
-    out: dict[str, torch.Tensor],
+    processed: torch.Tensor,
+    positive: torch.Tensor,
     layout: GroupLayout,
     kinds: GroupKinds,
     enabled: torch.Tensor,
     invalid: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     """§2.15 as per-row values (their means are the metrics); the group mix partitions the rollouts."""
-    rewards, processed = env.double(), out["processed"]
+    rewards = env.double()
 
     def rows(groups: torch.Tensor) -> torch.Tensor:
         return groups.double().index_select(0, layout.gid)
@@ -273,7 +282,7 @@ def _row_metrics(
     return {
         "length_penalty/env_reward_mean": rewards,
         "length_penalty/reward_delta_mean": (final - rewards).nan_to_num(0.0) * processed,
-        "length_penalty/wiped_correct_frac": (out["positive"] & (final <= 0)).double(),
+        "length_penalty/wiped_correct_frac": (positive & (final <= 0)).double(),
         "length_penalty/adjusted_frac": ((final != rewards) & processed).double(),
         "length_penalty/skipped_non_binary_frac": rows(enabled & kinds.non_binary & scored),
         "length_penalty/invalid_metadata_frac": rows(invalid),
@@ -282,23 +291,6 @@ def _row_metrics(
         "length_penalty/pct_mixed": rows(scored & (kinds.positives > 0) & (kinds.positives < layout.sizes)),
         "length_penalty/pct_unscorable": rows(kinds.missing),
     }
-
-
-def _rollout_metrics(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The per-rollout terms' metrics as per-row values (§2.17-2.18, §2.20), present when the term ran."""
-    metrics = {
-        f"length_penalty/{key[len('metric:') :]}": value
-        for key, value in out.items()
-        if key.startswith("metric:")
-    }
-    if "term:overlong" in out:
-        metrics["length_penalty/overlong_frac"] = (out["term:overlong"] < 0).double()
-        metrics["length_penalty/overlong_penalty_mean"] = out["term:overlong"].double()
-    if "term:cosine" in out:
-        metrics["length_penalty/cosine_delta_mean"] = out["term:cosine"].double()
-    if "term:target_length" in out:
-        metrics["length_penalty/target_delta_mean"] = out["term:target_length"].double()
-    return metrics
 
 
 def apply_length_penalties(
@@ -315,7 +307,13 @@ def apply_length_penalties(
         layout = batch.layout
         kinds = classify_groups(layout, env, batch.multi_component) if kinds is None else kinds
         params = AgentParams(config, batch.group_rows(batch.agents), layout.num_groups)
-        shared = _shared_inputs(batch, config, params)
+        used = [term for term in terms() if term.used_by(params)]
+        meta, needs = _read_metadata(batch, config, used)
+        found = _Terms(
+            used,
+            {term.name: term.prepare(params, meta) for term in used if term.prepare is not None},
+            {term.name for term in used if config.verbose or term.metrics is not None},
+        )
         shaped_groups = params["enabled"] & kinds.binary
         rows = {
             "rewards": env.double(),
@@ -324,26 +322,23 @@ def apply_length_penalties(
             "total": batch.total_lengths,
             "truncated": batch.truncated,
         }
-        parts = [
-            _shape_bucket(b, params, rows, shaped_groups, shared, config.verbose) for b in layout.buckets
-        ]
-        out = _unpack(parts, layout)
-        result = torch.where(out["processed"], out["shaped"].to(env.dtype), env)
-        _warn(config, params, kinds, shaped_groups, shared.meta)
-        invalid = torch.stack([shared.meta.invalid[key] for key in METADATA_KEYS]).any(0) & shaped_groups
-        metrics = _row_metrics(env, result.double(), out, layout, kinds, params["enabled"], invalid)
-        metrics.update(_rollout_metrics(out))
+        parts = [_shape_bucket(b, params, rows, shaped_groups, found) for b in layout.buckets]
+        processed = layout.unpack([part.processed for part in parts])
+        shaped = layout.unpack([part.shaped for part in parts])
+        result = torch.where(processed, shaped.to(env.dtype), env)
+        _warn(config, params, kinds, shaped_groups, meta, "bands" in needs)
+        invalid = torch.stack([meta.invalid[key] for key in METADATA_KEYS]).any(0) & shaped_groups
+        positive = layout.unpack([part.positive for part in parts])
+        metrics = _row_metrics(
+            env, result.double(), processed, positive, layout, kinds, params["enabled"], invalid
+        )
+        kept = [term for term in used if term.name in found.kept]
+        values = {term.name: _unpack(parts, layout, term) for term in kept}
+        for term in kept:
+            if term.metrics is not None and values[term.name]:
+                metrics.update(term.metrics(values[term.name]))
         if not config.verbose:
             return LengthPenaltyResult(result, env, metrics)
-        records = partial(
-            build_records,
-            batch,
-            params,
-            kinds,
-            shaped_groups,
-            out,
-            shared.limits,
-            shared.profiled_threshold,
-            result,
-        )
-    return LengthPenaltyResult(result, env, metrics, out, records)
+        trace = _trace(found, values)
+        records = partial(build_records, batch, params, kinds, shaped_groups, trace, result)
+    return LengthPenaltyResult(result, env, metrics, trace, records)

@@ -7,18 +7,22 @@ Built only when ``verbose`` is on, so the default path never loops over groups.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .agents import AgentParams
 from .batch import RolloutBatch
-from .config import BAND_CHANNELS, LengthPenaltyParams
+from .config import LengthPenaltyParams
 from .correctness import GroupKinds
 from .groups import GroupLayout
-from .terms import ADDITIVE_OUTPUTS
+from .terms import outputs
 from .terms.profile_gate import GATE_REASONS
+
+if TYPE_CHECKING:
+    from .penalties import ShapingTrace
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -27,8 +31,10 @@ logger = logging.getLogger("trl_length_plugin")
 class GroupRecord:
     """One prompt group: ``status`` is ``shaped``, ``disabled``, ``missing`` (a correctness reward is
     missing) or ``non_binary``; ``gate`` holds the profile gate (``reason`` one of ``GATE_REASONS``) when
-    the agent enables it; ``terms`` maps each additive term (``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
-    ``pass_rate``, ...) and ``band_multipliers`` each band channel to per-row values in row order."""
+    the agent enables it; ``terms`` maps each output of the registered rollout and additive terms
+    (``cosine``, ``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
+    ``pass_rate``, ...) and ``band_multipliers`` each multiplier output (the band channels) to per-row values
+    in row order (0, or 1, where the term did not run)."""
 
     group: Any
     agent: str
@@ -63,10 +69,12 @@ def _gate_info(params: LengthPenaltyParams, gate: dict[str, torch.Tensor], group
     }
 
 
-def _row_columns(batch: RolloutBatch, out: dict[str, torch.Tensor], shaped: torch.Tensor) -> dict[str, dict]:
-    """Per-row Python lists: rewards, lengths, each additive term's outputs and each band's multipliers."""
-    terms = {name: out.get(f"term:{name}", torch.zeros_like(shaped)) for name in ADDITIVE_OUTPUTS}
-    bands = {name: out.get(f"band:{name}", torch.ones_like(shaped)) for name in BAND_CHANNELS}
+def _row_columns(batch: RolloutBatch, trace: ShapingTrace, shaped: torch.Tensor) -> dict[str, dict]:
+    """Per-row Python lists: lengths, each rollout and additive output and each multiplier."""
+    terms = {
+        name: trace.changes.get(name, torch.zeros_like(shaped)) for name in outputs("rollout", "additive")
+    }
+    bands = {name: trace.multipliers.get(name, torch.ones_like(shaped)) for name in outputs("multiplier")}
     lengths = {
         "reasoning": batch.reasoning_lengths,
         "answer": batch.answer_lengths,
@@ -84,30 +92,28 @@ def build_records(
     params: AgentParams,
     kinds: GroupKinds,
     processed: torch.Tensor,
-    out: dict[str, torch.Tensor],
-    limits: torch.Tensor,
-    profiled_threshold: torch.Tensor,
+    trace: ShapingTrace,
     shaped: torch.Tensor,
 ) -> list[GroupRecord]:
-    """One record per group, groups in order of first appearance; ``out`` holds the engine's unpacked
-    outputs (``term:<name>``, ``band:<channel>``, ``group:gate_*``)."""
+    """One record per group, groups in order of first appearance, from the engine's ``trace``: the profile
+    gate's per-group values (``limit``, ``open``, ``mean``, ``reason``) and the profiled ``threshold``."""
     layout = batch.layout
-    gate = {name: out[f"group:gate_{name}"] for name in ("open", "mean", "reason")}
-    gate["limit"] = limits
+    gate = trace.groups.get("profile_gate")
+    profiled_threshold = trace.groups.get("profiled", {}).get("threshold")
     order = torch.argsort(layout.gid * layout.num_rows + torch.arange(layout.num_rows)).tolist()
     starts = (torch.cumsum(layout.sizes, 0) - layout.sizes).tolist()
     ids = batch.group_index
     ids = ids.gid if isinstance(ids, GroupLayout) else ids
     ids = ids.tolist() if hasattr(ids, "tolist") else ids
     rewards, shaped_values = batch.rewards.tolist(), shaped.tolist()
-    columns = _row_columns(batch, out, shaped)
+    columns = _row_columns(batch, trace, shaped)
     gate_on, enabled = params["group_length_penalty_profile_gate"].tolist(), params["enabled"]
     records = []
     for group, size in enumerate(layout.sizes.tolist()):
         rows = order[starts[group] : starts[group] + size]
         code = int(params.codes[group])
         status = _status(bool(processed[group]), bool(enabled[group]), bool(kinds.missing[group]))
-        threshold = float(profiled_threshold[group])
+        threshold = math.nan if profiled_threshold is None else float(profiled_threshold[group])
         records.append(
             GroupRecord(
                 group=ids[rows[0]],

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .agents import TRUNCATION_MODES, AgentParams
+from .agents import AgentParams
 from .batch import RolloutBatch
 from .config import LengthPenaltyConfig
+from .terms.truncation import TRUNCATION_MODES
 
 
 @dataclass

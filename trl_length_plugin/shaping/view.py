@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .agents import AgentParams
-from .config import CHANNELS
+from .fields import CHANNELS
 from .groups import Bucket, row_count, row_max, row_min, row_pick, row_sorted
 
 

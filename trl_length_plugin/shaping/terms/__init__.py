@@ -1,72 +1,140 @@
-"""The length algorithms as registered terms (docs/reference/length-penalties.md §2.6-2.13).
+"""The length algorithms as registered terms (docs/reference/length-penalties.md §2.6-2.13, §2.17-2.20).
 
-Each algorithm is one small module that registers itself with :func:`register_term`, declaring its
-parameters (the flat ``length_penalty`` keys, unchanged), the channels it reads, its kind and its place in
-the §2.6 order. Per bucket of groups the engine runs:
+Each algorithm is one module of this package, found here by :func:`pkgutil.iter_modules` (no list to keep),
+that registers itself with :func:`register_term`; a module outside the package may register a term the same
+way (docs/write-a-term.md). A term declares:
+
+- ``parameters``: its flat ``length_penalty`` keys, from which ``LengthPenaltyParams`` is assembled, and
+  ``switches``, those of them that turn it on (it runs when some agent of the batch sets one: not 0, false
+  or none); ``check``: its keys' dependent-key errors, checked at load;
+- ``kind`` and ``order``, its place in the §2.6 order; ``outputs``, its per-row values (the verbose records'
+  columns); ``metrics``: its per-row metric values, derived from what it returned;
+- ``metadata``: the per-prompt columns it reads (§2.14), and ``prepare``: its per-group inputs, built once
+  per batch from the agents' parameters and the merged metadata (``TermInputs.prepared``).
+
+Per bucket of groups the engine runs:
 
 0. the ``rollout`` terms in ``order`` (cosine, overlong, target length, truncation penalty, §2.17-2.20):
    per-row changes of the correctness, added to the running rollout reward (which they read as
-   ``inputs.adjustment``; a term may return the new reward itself as ``reward``, and per-row metric values as
-   ``metric:<name>``, which are not added); the later terms read it as ``view.rewards``, while
-   ``view.positive`` stays the correctness;
-1. the ``gate`` terms (the profile gate, §2.13): per group, whether the gated terms apply;
-2. the ``additive`` terms in ``order``: each returns per-row adjustments, summed as they finish; a term that
-   declares ``reads_adjustment`` receives the sum of the terms before it (the profiled penalty's ">= 0"
-   rule, §2.10); the shortest bonus keeps its own running reward over its channels (§2.7);
-3. the sum is added to the reward and clamped at 0, then the ``multiplier`` terms (the profile band,
-   §2.12) multiply it.
+   ``inputs.adjustment``; a term may return the new reward itself under ``REWARD``, which replaces it
+   exactly); the later terms read it as ``view.rewards``, while ``view.positive`` stays the correctness. A
+   group where a rollout term is ``on`` keeps a negative rollout reward (§2.6, step 8);
+1. the ``gate`` terms (the profile gate, §2.13): per group, whether the gated terms apply (``open``);
+2. the ``additive`` terms in ``order``: each returns per-row adjustments, summed as they finish; a term
+   reads the sum of the terms before it as ``inputs.adjustment`` (the profiled penalty's ">= 0" rule,
+   §2.10) and the gate as ``inputs.gate_open``;
+3. the sum is added to the reward and clamped, then the ``multiplier`` terms (the profile band, §2.12)
+   multiply it (``inputs.adjustment``: the clamped reward).
+
+Only pydantic is imported here and at the top of the term modules (their computations import torch
+themselves), so the config assembles its parameter model before torch is imported (product.md §1.4).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable
+import operator
+import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
-import torch
+from pydantic import Field
+from pydantic.fields import FieldInfo
 
-from ..view import GroupView
+if TYPE_CHECKING:
+    import torch
+
+    from ..agents import AgentParams
+    from ..metadata import GroupMetadata
+    from ..view import GroupView
 
 Kind = Literal["rollout", "gate", "additive", "multiplier"]
+KINDS: tuple[Kind, ...] = get_args(Kind)  # in §2.6 order
+#: the per-prompt metadata a term may read (§2.14): the merged bands, the profiles, the target length
+Metadata = Literal["bands", "profiles", "target"]
+#: the key under which a rollout term may return the new rollout reward itself
+REWARD = "reward"
+#: the key of a gate term's per-group output saying whether the gated terms apply
+GATE_OPEN = "open"
+
+
+def switched_on(value: Any) -> bool:
+    """Whether a switch's value turns its term on: not 0, false or none."""
+    return value not in (0, False, "none")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One flat ``length_penalty`` key: its type (with its constraints), default and description; a string
+    key's ``options`` are its values in the order of its per-group index (its ``Literal`` order unless
+    given)."""
+
+    annotation: Any
+    default: Any
+    description: str
+    options: tuple[str, ...] = ()
+
+    def field(self) -> tuple[Any, FieldInfo]:
+        """The pydantic field definition: ``(annotation, Field(default, description=...))``."""
+        return self.annotation, Field(self.default, description=self.description)
+
+    def choices(self) -> tuple[str, ...]:
+        """The values a string key is indexed by, or () for other keys."""
+        if self.options or get_origin(self.annotation) is not Literal:
+            return self.options
+        return get_args(self.annotation)
 
 
 @dataclass
 class TermInputs:
-    """What a term may read besides the view, per group of the bucket (Gb,): the gate, the running sum of
-    earlier additive terms (``[width, Gb]``; for a rollout term: the running rollout reward), the profiled
-    threshold, the merged bands (Gb, 3), the gate limits and the target length (NaN: none, §2.20)."""
+    """What a term reads besides the view, for the groups of the bucket: the gate (Gb,), the running sum
+    of the earlier terms of its kind (``[width, Gb]``; a rollout term: the running rollout reward; a
+    multiplier: the clamped shaped reward) and its own per-group values from ``prepare``."""
 
     gate_open: torch.Tensor
     adjustment: torch.Tensor
-    profiled_threshold: torch.Tensor
-    bands: dict[str, torch.Tensor]
-    limits: torch.Tensor
-    target: torch.Tensor
+    prepared: dict[str, torch.Tensor]
+
+
+Compute = Callable[["GroupView", TermInputs], "dict[str, torch.Tensor]"]
 
 
 @dataclass(frozen=True)
 class Term:
-    """A registered algorithm: ``compute(view, inputs)`` returns named per-row tensors (``outputs``)."""
+    """A registered algorithm: ``compute(view, inputs)`` returns named per-row tensors (a gate: per-group
+    ones), its declared ``outputs`` and any values its ``metrics`` read."""
 
     name: str
     kind: Kind
     order: int
-    parameters: tuple[str, ...]
-    channels: tuple[str, ...]
+    parameters: Mapping[str, Parameter]
+    switches: tuple[str, ...]
     outputs: tuple[str, ...]
-    compute: Callable[[GroupView, TermInputs], dict[str, torch.Tensor]]
-    reads_adjustment: bool = False
-    reads_gate: bool = False
+    compute: Compute
+    metadata: tuple[Metadata, ...] = ()
+    prepare: Callable[[AgentParams, GroupMetadata], dict[str, torch.Tensor]] | None = None
+    metrics: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    check: Callable[[Mapping[str, Any], set[str]], list[str]] | None = None
+    turned_on: Callable[[GroupView], torch.Tensor] | None = None
 
-    def used_by(self, view: GroupView) -> bool:
-        """Whether some agent of the batch sets one of this term's parameters."""
-        return view.params.uses(*self.parameters)
+    def used_by(self, params: AgentParams) -> bool:
+        """Whether some agent of the batch sets one of the term's switches."""
+        return params.uses(*self.switches)
+
+    def on(self, view: GroupView) -> torch.Tensor:
+        """(Gb,) the groups whose agent turns the term on: a switch not 0, false or none, unless the term
+        says otherwise (``turned_on``)."""
+        if self.turned_on is not None:
+            return self.turned_on(view)
+        return functools.reduce(operator.or_, (view.p(name) != 0 for name in self.switches))
 
 
 _REGISTRY: dict[str, Term] = {}
-_MODULES = ("cosine", "overlong", "target_length", "truncation", "profile_gate", "shortest_bonus", "longest_penalty", "group_relative", "zmad", "profiled",
-            "pass_rate", "profile_band")  # fmt: skip
+_ORDERED: list[Term] = []  # the registry in §2.6 order
+_KEYS: dict[str, Parameter] = {}  # every term's keys
+_LISTENERS: list[Callable[[], None]] = []
 
 
 def register_term(
@@ -74,34 +142,82 @@ def register_term(
     *,
     kind: Kind,
     order: int,
-    parameters: tuple[str, ...],
-    channels: tuple[str, ...] = (),
+    parameters: Mapping[str, Parameter],
+    switches: tuple[str, ...],
     outputs: tuple[str, ...] = (),
-    reads_adjustment: bool = False,
-    reads_gate: bool = False,
-) -> Callable[[Callable], Callable]:
-    """Decorator registering ``compute(view, inputs) -> {output: tensor}`` as a length term."""
+    metadata: tuple[Metadata, ...] = (),
+    prepare: Callable[[AgentParams, GroupMetadata], dict[str, torch.Tensor]] | None = None,
+    metrics: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+    check: Callable[[Mapping[str, Any], set[str]], list[str]] | None = None,
+    turned_on: Callable[[GroupView], torch.Tensor] | None = None,
+) -> Callable[[Compute], Compute]:
+    """Decorator registering ``compute(view, inputs) -> {output: tensor}`` as a length term (see the module
+    docstring for what each declaration means); ``outputs`` defaults to ``(name,)``."""
+    if kind not in KINDS:
+        raise ValueError(f"length term {name!r}: kind must be one of {KINDS}, got {kind!r}")
+    if not set(switches) <= set(parameters):
+        raise ValueError(f"length term {name!r}: its switches must be among its parameters")
 
-    def register(compute: Callable) -> Callable:
+    def register(compute: Compute) -> Compute:
         if name in _REGISTRY:
             raise ValueError(f"length term {name!r} is registered twice")
+        taken = set(parameters) & set(_KEYS)
+        if taken:
+            raise ValueError(f"length term {name!r}: key {sorted(taken)[0]!r} belongs to another term")
+        declared = (metadata, prepare, metrics, check, turned_on)
         _REGISTRY[name] = Term(
-            name, kind, order, parameters, channels, outputs or (name,), compute, reads_adjustment, reads_gate
+            name, kind, order, dict(parameters), switches, outputs or (name,), compute, *declared
         )
+        _changed()
         return compute
 
     return register
 
 
-def terms(kind: Kind) -> list[Term]:
-    """The registered terms of one kind, in §2.6 order."""
-    return sorted((t for t in _REGISTRY.values() if t.kind == kind), key=lambda t: t.order)
+def unregister_term(name: str) -> None:
+    """Remove a registered term (its keys leave ``LengthPenaltyParams``)."""
+    del _REGISTRY[name]
+    _changed()
 
 
-for _module in _MODULES:
-    importlib.import_module(f"{__name__}.{_module}")
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever a term is registered or removed (the config rebuilds its model)."""
+    _LISTENERS.append(listener)
 
-#: the rollout and additive terms' per-row outputs, in order (the verbose records' columns)
-ADDITIVE_OUTPUTS = tuple(
-    name for kind in ("rollout", "additive") for term in terms(kind) for name in term.outputs
-)
+
+def _changed() -> None:
+    _ORDERED[:] = sorted(_REGISTRY.values(), key=lambda t: (KINDS.index(t.kind), t.order))
+    _KEYS.clear()
+    _KEYS.update((key, p) for term in _ORDERED for key, p in term.parameters.items())
+    for listener in _LISTENERS:
+        listener()
+
+
+def terms(*kinds: Kind) -> list[Term]:
+    """The registered terms of these kinds (default: all), in §2.6 order."""
+    return [term for term in _ORDERED if not kinds or term.kind in kinds]
+
+
+def term_fields() -> dict[str, tuple[Any, FieldInfo]]:
+    """Every term's keys as pydantic field definitions, terms in §2.6 order."""
+    return {key: p.field() for key, p in _KEYS.items()}
+
+
+def key_choices(name: str) -> tuple[str, ...]:
+    """The values a term's string key is indexed by, () for any other key."""
+    parameter = _KEYS.get(name)
+    return () if parameter is None else parameter.choices()
+
+
+def switches_reading(metadata: Metadata) -> tuple[str, ...]:
+    """The switches of the terms that read ``metadata``."""
+    return tuple(key for term in terms() if metadata in term.metadata for key in term.switches)
+
+
+def outputs(*kinds: Kind) -> tuple[str, ...]:
+    """The per-row outputs of the terms of these kinds, in order (the verbose records' columns)."""
+    return tuple(name for term in terms(*kinds) for name in term.outputs)
+
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

@@ -10,21 +10,56 @@ output is the change.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import torch
+from ..fields import CHANNELS, Channel, Count, Number
+from . import REWARD, Parameter, register_term
 
-from ..view import GroupView
-from . import TermInputs, register_term
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    "cosine_max_length": Parameter(Count, 0, "L_max, the length where progress reaches 1; 0 is off (§2.18)"),
+    "cosine_min_value_wrong": Parameter(Number, -1.0, "a wrong rollout's reward at progress 1 (§2.18)"),
+    "cosine_max_value_wrong": Parameter(Number, -0.5, "a wrong rollout's reward at progress 0 (§2.18)"),
+    "cosine_min_value_correct": Parameter(Number, 0.5, "a correct rollout's reward at progress 1 (§2.18)"),
+    "cosine_max_value_correct": Parameter(Number, 1.0, "a correct rollout's reward at progress 0 (§2.18)"),
+    "cosine_channel": Parameter(
+        Channel, "total", "the length channel progress is measured on (§2.5)", CHANNELS
+    ),
+}
+
+
+def cosine_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
+    """A ``cosine_*`` key set without ``cosine_max_length``."""
+    if not params["cosine_max_length"] and any(
+        key in given for key in PARAMETERS if key != "cosine_max_length"
+    ):
+        return ["cosine_max_length: needs a value > 0 when a cosine_* key is set"]
+    return []
+
+
+def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``cosine_delta_mean``: the cosine reward minus the correctness, per rollout (§2.18)."""
+    return {"length_penalty/cosine_delta_mean": values["cosine"].double()}
 
 
 @register_term(
     "cosine",
     kind="rollout",
     order=0,
-    parameters=("cosine_max_length",),
-    channels=("reasoning", "answer", "total"),
+    parameters=PARAMETERS,
+    switches=("cosine_max_length",),
+    metrics=cosine_metrics,
+    check=cosine_errors,
 )
 def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    import torch
+
     longest = view.p("cosine_max_length")
     on = longest > 0
     progress = (view.channel_of("cosine_channel") / torch.where(on, longest, 1.0)).clamp_(max=1.0)
@@ -33,4 +68,4 @@ def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     high = torch.where(view.positive, view.p("cosine_max_value_correct"), view.p("cosine_min_value_wrong"))
     on = view.processed & on
     reward = torch.where(on, low + (high - low) * wave, view.rewards)
-    return {"cosine": (reward - view.rewards), "reward": reward}
+    return {"cosine": (reward - view.rewards), REWARD: reward}

@@ -7,24 +7,38 @@ Per channel over the eligible rollouts of an open group: ``coeff * (w - mean(w))
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from ..config import CHANNELS
-from ..groups import row_count, row_max, row_min, row_sum, weights
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import CHANNELS, NonNegative
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    f"group_{channel}_length_penalty_coeff": Parameter(
+        NonNegative, 0.0, f"the coefficient of the {channel} channel's relative length (§2.8)"
+    )
+    for channel in CHANNELS
+}
 
 
 @register_term(
     "group_relative",
     kind="additive",
     order=3,
-    parameters=tuple(f"group_{channel}_length_penalty_coeff" for channel in CHANNELS),
-    channels=CHANNELS,
+    parameters=PARAMETERS,
+    switches=tuple(PARAMETERS),
     outputs=tuple(f"group_{channel}" for channel in CHANNELS),
-    reads_gate=True,
 )
 def group_relative(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    import torch
+
+    from ..groups import row_count, row_max, row_min, row_sum, weights
+
     channels = view.channels_on("group_{}_length_penalty_coeff")
     if not channels:
         return {}

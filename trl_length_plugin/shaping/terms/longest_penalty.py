@@ -6,23 +6,36 @@ Per channel: among the top scorers with a non-empty channel, when there are at l
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from ..config import CHANNELS
-from ..groups import row_count, row_first_extreme, weights
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import CHANNELS, NonNegative
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    f"longest_{channel}_penalty": Parameter(
+        NonNegative, 0.0, f"the penalty of the longest top scorer's {channel} channel (§2.7)"
+    )
+    for channel in CHANNELS
+}
 
 
 @register_term(
     "longest_penalty",
     kind="additive",
     order=2,
-    parameters=tuple(f"longest_{channel}_penalty" for channel in CHANNELS),
-    channels=CHANNELS,
+    parameters=PARAMETERS,
+    switches=tuple(PARAMETERS),
     outputs=tuple(f"longest_{channel}" for channel in CHANNELS),
 )
 def longest_penalty(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    from ..groups import row_count, row_first_extreme, weights
+
     channels = view.channels_on("longest_{}_penalty")
     if not channels:
         return {}

@@ -7,20 +7,62 @@ Per rollout, on the configured channel's length ``n``, with maximum ``L``, buffe
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import CHANNELS, Channel, Count, NonNegative
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    "overlong_max_length": Parameter(
+        Count, 0, "L, the length where the penalty reaches -f; 0 is off (§2.17)"
+    ),
+    "overlong_buffer": Parameter(Count, 0, "B, the buffer before L where the penalty grows (§2.17)"),
+    "overlong_factor": Parameter(NonNegative, 1.0, "f, the penalty at L and beyond (§2.17)"),
+    "overlong_channel": Parameter(Channel, "total", "the length channel the penalty reads (§2.5)", CHANNELS),
+}
+
+
+def overlong_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
+    """``0 < overlong_buffer <= overlong_max_length`` when either is set."""
+    errors = []
+    longest, buffer = params["overlong_max_length"], params["overlong_buffer"]
+    if longest and not 0 < buffer <= longest:
+        errors.append(
+            f"overlong_buffer: needs 0 < overlong_buffer <= overlong_max_length ({longest}), got {buffer}"
+        )
+    if buffer and not longest:
+        errors.append("overlong_buffer: needs overlong_max_length > 0 (the maximum length it ends at)")
+    return errors
+
+
+def overlong_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``overlong_frac`` (rows with a penalty) and ``overlong_penalty_mean`` (§2.17)."""
+    penalty = values["overlong"]
+    return {
+        "length_penalty/overlong_frac": (penalty < 0).double(),
+        "length_penalty/overlong_penalty_mean": penalty.double(),
+    }
 
 
 @register_term(
     "overlong",
     kind="rollout",
     order=1,
-    parameters=("overlong_max_length",),
-    channels=("reasoning", "answer", "total"),
+    parameters=PARAMETERS,
+    switches=("overlong_max_length",),
+    metrics=overlong_metrics,
+    check=overlong_errors,
 )
 def overlong(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    import torch
+
     longest, buffer = view.p("overlong_max_length"), view.p("overlong_buffer")
     on = longest > 0
     excess = (view.channel_of("overlong_channel") - (longest - buffer)) / torch.where(on, buffer, 1.0)

@@ -6,21 +6,34 @@ not subject to the two-positives rule.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from ..groups import row_count, row_max
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import NonNegative
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    "pass_rate_length_penalty_weight": Parameter(NonNegative, 0.0, "w, the weight of the penalty (§2.11)"),
+}
 
 
 @register_term(
     "pass_rate",
     kind="additive",
     order=6,
-    parameters=("pass_rate_length_penalty_weight",),
-    channels=("total",),
+    parameters=PARAMETERS,
+    switches=("pass_rate_length_penalty_weight",),
 )
 def pass_rate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    import torch
+
+    from ..groups import row_count, row_max
+
     weight = view.p("pass_rate_length_penalty_weight")
     if not bool((weight > 0).any()):
         return {}

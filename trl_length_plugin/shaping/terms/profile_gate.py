@@ -7,48 +7,71 @@ limit or no rows to average. A closed gate zeroes only the group-relative terms 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Literal
 
-from ..agents import GATE_FIELDS
-from ..config import BAND_CHANNELS, CHANNELS
-from ..groups import row_count, row_sum
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import CHANNELS, Channel
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..agents import AgentParams
+    from ..metadata import GroupMetadata
+    from ..view import GroupView
+    from . import TermInputs
 
 GATE_REASONS = ("disabled", "missing_profile_limit", "no_lengths", "mean_le_limit", "mean_gt_limit")
 _MISSING, _NO_LENGTHS, _LE, _GT = 1, 2, 3, 4
-_BAND_TO_CHANNEL = torch.tensor([CHANNELS.index(channel) for channel in BAND_CHANNELS])
-assert GATE_FIELDS == ("a", "b", "f")
+PARAMETERS = {
+    "group_length_penalty_profile_gate": Parameter(bool, False, "gate the group-relative terms (§2.13)"),
+    "group_length_penalty_profile_gate_channel": Parameter(
+        Channel, "total", "the channel of the band and of the mean length (§2.13)", CHANNELS
+    ),
+    "group_length_penalty_profile_gate_field": Parameter(
+        Literal["a", "b", "f"], "a", "the band's field that is the limit (§2.13)"
+    ),
+    "group_length_penalty_profile_gate_positive_only": Parameter(
+        bool, True, "average the positives only, else all rows (§2.13)"
+    ),
+}
 
 
-def gate_limits(bands: dict[str, torch.Tensor], channel: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    """Per group, ``band[channel][field]`` of the merged band (NaN when missing); ``channel`` and ``field``
-    index ``BAND_CHANNELS`` and ``GATE_FIELDS``."""
-    stacked = torch.stack([bands[ch] for ch in BAND_CHANNELS], dim=1)  # (G, channel, field)
-    return stacked[torch.arange(stacked.shape[0]), channel, field]
+def gate_limits(params: AgentParams, meta: GroupMetadata) -> dict[str, torch.Tensor]:
+    """Per group, the ``limit``: ``band[channel][field]`` of the merged band (NaN when missing)."""
+    import torch
+
+    stacked = torch.stack([meta.bands[ch] for ch in CHANNELS], dim=1)  # (G, channel, field)
+    channel = params["group_length_penalty_profile_gate_channel"].long()
+    field = params["group_length_penalty_profile_gate_field"].long()
+    return {"limit": stacked[torch.arange(stacked.shape[0]), channel, field]}
 
 
 @register_term(
     "profile_gate",
     kind="gate",
     order=0,
-    parameters=("group_length_penalty_profile_gate",),
-    channels=BAND_CHANNELS,
+    parameters=PARAMETERS,
+    switches=("group_length_penalty_profile_gate",),
     outputs=("open", "mean", "reason"),
+    metadata=("bands",),
+    prepare=gate_limits,
 )
 def profile_gate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     """``open``, ``mean`` and ``reason`` (an index into ``GATE_REASONS``) per group; a group whose agent has
     no gate is open with reason ``disabled``."""
-    channel_of = _BAND_TO_CHANNEL[view.p("group_length_penalty_profile_gate_channel")]
-    lengths = view.channel_lengths.gather(1, channel_of.expand(view.bucket.width, 1, -1)).squeeze(1)
+    import torch
+
+    from ..groups import row_count, row_sum
+
+    lengths = view.channel_of("group_length_penalty_profile_gate_channel")
     enabled = view.p("group_length_penalty_profile_gate") & view.shaped_groups
     positive_only = view.p("group_length_penalty_profile_gate_positive_only")
     member = (view.positive & positive_only) | (view.processed & ~positive_only)
     count = row_count(member)
     mean = row_sum(lengths * member) / count
     reason = torch.full_like(count, _LE)
-    reason[mean > inputs.limits] = _GT
+    reason[mean > inputs.prepared["limit"]] = _GT
     reason[count == 0] = _NO_LENGTHS
-    reason[torch.isnan(inputs.limits)] = _MISSING
+    reason[torch.isnan(inputs.prepared["limit"])] = _MISSING
     reason[~enabled] = 0
     return {"open": ~enabled | (reason == _GT), "mean": mean, "reason": reason}

@@ -7,23 +7,49 @@ terms before it sum to >= 0 on that row: it reads the running adjustment.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import NonNegative, Number, PositiveCount
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..agents import AgentParams
+    from ..metadata import GroupMetadata
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    "profiled_length_penalty": Parameter(NonNegative, 0.0, "the penalty at or above the threshold (§2.10)"),
+    "profiled_length_n_std": Parameter(Number, 1.0, "n_std, the threshold's standard deviations (§2.10)"),
+    "profiled_length_min_samples": Parameter(
+        PositiveCount, 2, "the passing profiled lengths a threshold needs (§2.10)"
+    ),
+}
+
+
+def profiled_thresholds(params: AgentParams, meta: GroupMetadata) -> dict[str, torch.Tensor]:
+    """Each group's threshold from its prompt's profile (NaN: none, §2.10)."""
+    return {
+        "threshold": meta.profiled_threshold(
+            params["profiled_length_n_std"], params["profiled_length_min_samples"]
+        )
+    }
 
 
 @register_term(
     "profiled",
     kind="additive",
     order=5,
-    parameters=("profiled_length_penalty",),
-    channels=("total",),
-    reads_adjustment=True,
+    parameters=PARAMETERS,
+    switches=("profiled_length_penalty",),
+    metadata=("profiles",),
+    prepare=profiled_thresholds,
 )
 def profiled(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     penalty = view.p("profiled_length_penalty")
     if not bool((penalty > 0).any()):
         return {}
-    hit = view.processed & (view.lengths["total"] >= inputs.profiled_threshold) & (inputs.adjustment >= 0)
+    hit = view.processed & (view.lengths["total"] >= inputs.prepared["threshold"]) & (inputs.adjustment >= 0)
     return {"profiled": hit * -penalty}

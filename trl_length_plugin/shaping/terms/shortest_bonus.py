@@ -7,23 +7,34 @@ plus the bonuses of the channels before) is at least the group's top threshold.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from ..config import CHANNELS
-from ..groups import row_first_extreme, weights
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import CHANNELS, NonNegative
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+PARAMETERS = {
+    f"{channel}_bonus": Parameter(NonNegative, 0.0, f"the bonus of the shortest {channel} channel (§2.7)")
+    for channel in CHANNELS
+}
 
 
 @register_term(
     "shortest_bonus",
     kind="additive",
     order=1,
-    parameters=tuple(f"{channel}_bonus" for channel in CHANNELS),
-    channels=CHANNELS,
-    outputs=tuple(f"{channel}_bonus" for channel in CHANNELS),
+    parameters=PARAMETERS,
+    switches=tuple(PARAMETERS),
+    outputs=tuple(PARAMETERS),
 )
 def shortest_bonus(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    from ..groups import row_first_extreme, weights
+
     channels = view.channels_on("{}_bonus")
     if not channels:
         return {}

@@ -7,18 +7,52 @@ penalty never raises a reward). ``mask`` and ``incorrect`` act outside the engin
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from ..agents import TRUNCATION_MODES
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import Fraction
+from . import Parameter, register_term
 
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
+
+Mode = Literal["none", "mask", "penalty", "incorrect"]
+TRUNCATION_MODES: tuple[str, ...] = get_args(Mode)
 PENALTY = TRUNCATION_MODES.index("penalty")
+PARAMETERS = {
+    "truncation": Parameter(Mode, "none", "what a truncated rollout gets; penalty: this term (§2.19)"),
+    "truncation_penalty_factor": Parameter(
+        Fraction, 0.0, "the factor a truncated positive reward gets (§2.19)"
+    ),
+}
 
 
-@register_term("truncation", kind="rollout", order=3, parameters=("truncation",), reads_adjustment=True)
+def truncation_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
+    """``truncation_penalty_factor`` set without ``truncation: penalty``."""
+    if "truncation_penalty_factor" in given and params["truncation"] != "penalty":
+        return ["truncation_penalty_factor: needs truncation: penalty"]
+    return []
+
+
+def penalized_groups(view: GroupView) -> torch.Tensor:
+    """(Gb,) the groups whose agent sets ``truncation: penalty`` (``mask`` and ``incorrect`` act elsewhere)."""
+    return view.p("truncation") == PENALTY
+
+
+@register_term(
+    "truncation",
+    kind="rollout",
+    order=3,
+    parameters=PARAMETERS,
+    switches=("truncation",),
+    check=truncation_errors,
+    turned_on=penalized_groups,
+)
 def truncation(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
-    on = view.p("truncation") == PENALTY
+    on = penalized_groups(view)
     if view.truncated is None or not bool(on.any()):
         return {}
     reward = inputs.adjustment.clamp(min=0.0)  # a rollout term reads the running rollout reward

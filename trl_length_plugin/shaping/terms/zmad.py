@@ -7,26 +7,39 @@ when MAD is 0 or MAD / max(median, 1e-9) < 0.015. Only long outliers are penaliz
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from ..config import CHANNELS
-from ..groups import row_count, row_median, weights
-from ..view import GroupView
-from . import TermInputs, register_term
+from ..fields import CHANNELS, NonNegative
+from . import Parameter, register_term
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..view import GroupView
+    from . import TermInputs
 
 ZMAD_SCALE = 0.6745  # Iglewicz-Hoaglin
 ZMAD_MIN_RELATIVE_MAD = 0.015
+PARAMETERS = {
+    f"{channel}_zmad_{name}": Parameter(NonNegative, 0.0, f"the {channel} channel's zMAD {name} (§2.9)")
+    for channel in CHANNELS
+    for name in ("threshold", "penalty")
+}
 
 
 @register_term(
     "zmad",
     kind="additive",
     order=4,
-    parameters=tuple(f"{channel}_zmad_{name}" for channel in CHANNELS for name in ("threshold", "penalty")),
-    channels=CHANNELS,
+    parameters=PARAMETERS,
+    switches=tuple(PARAMETERS),
     outputs=tuple(f"zmad_{channel}" for channel in CHANNELS),
 )
 def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    import torch
+
+    from ..groups import row_count, row_median, weights
+
     channels = [
         channel
         for channel in CHANNELS

@@ -1,0 +1,105 @@
+"""docs/write-a-term.md: a term registered from outside the package runs in the §2.6 order with its own
+key, its outputs in the verbose records and its metric in the metrics, and leaves when unregistered
+(docs/reference/length-penalties.md §2.6, §2.15)."""
+
+from __future__ import annotations
+
+import pkgutil
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from trl_length_plugin.shaping import (
+    LengthPenaltyConfig,
+    LengthPenaltyParams,
+    RolloutBatch,
+    apply_length_penalties,
+    load_shaping_config,
+    shape_rollouts,
+)
+from trl_length_plugin.shaping import terms as terms_package
+from trl_length_plugin.shaping.fields import NonNegative
+from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
+from trl_length_plugin.shaping.terms import Parameter, register_term, terms, unregister_term
+
+# -- the toy term: each correct row loses toy_tax per unit of its total length -----------------------------
+PARAMETERS = {"toy_tax": Parameter(NonNegative, 0.0, "the loss per unit of total length of a correct row")}
+
+
+def toy_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"length_penalty/toy_tax_mean": values["toy_tax"].double()}
+
+
+def toy_tax(view, inputs):
+    return {"toy_tax": view.lengths["total"] * -view.p("toy_tax") * view.positive}
+
+
+@pytest.fixture
+def toy_term():
+    """The toy term registered for one test; removed afterwards, so the other tests never see its key."""
+    register_term(
+        "toy_tax",
+        kind="additive",
+        order=10,
+        parameters=PARAMETERS,
+        switches=("toy_tax",),
+        metrics=toy_metrics,
+    )(toy_tax)
+    yield
+    unregister_term("toy_tax")
+
+
+def batch(**extra) -> RolloutBatch:
+    """One group of three: two correct rows of total length 10 and 20, a wrong one of 30."""
+    rewards = torch.tensor([1.0, 1.0, 0.0])
+    reasoning = torch.tensor([4.0, 5.0, 6.0])
+    answer = torch.tensor([6.0, 15.0, 24.0])
+    return RolloutBatch(rewards, torch.zeros(3, dtype=torch.long), reasoning, answer, **extra)
+
+
+def test_a_toy_term_runs_with_its_key(toy_term):
+    config = LengthPenaltyConfig.model_validate({"verbose": True, "default": {"toy_tax": 0.01}})
+    result = apply_length_penalties(batch(), config)
+    assert result.rewards.tolist() == pytest.approx([0.9, 0.8, 0.0])
+    assert result.metrics["length_penalty/toy_tax_mean"] == pytest.approx((-0.1 - 0.2) / 3)
+    (record,) = result.groups
+    assert record.terms["toy_tax"] == pytest.approx([-0.1, -0.2, 0.0])
+    assert result.trace.changes["toy_tax"].tolist() == pytest.approx([-0.1, -0.2, 0.0])
+
+
+def test_a_toy_term_adds_after_the_terms_before_it(toy_term):
+    """Order 10 follows the pass-rate penalty (6): its adjustment joins the sum before the clamp (§2.6)."""
+    config = load_shaping_config(
+        {"length_penalty": {"default": {"toy_tax": 0.01, "pass_rate_length_penalty_weight": 0.5}}}
+    )
+    rewards = shape_rollouts(batch(), config, TRL_NORMALIZATION).rewards
+    pass_rate = [-0.5 * (2 / 3) * 10 / 20, -0.5 * (2 / 3) * 20 / 20, 0.0]
+    assert rewards.tolist() == pytest.approx([1 + pass_rate[0] - 0.1, max(0.0, 1 + pass_rate[1] - 0.2), 0.0])
+    assert [term.name for term in terms("additive")][-2:] == ["pass_rate", "toy_tax"]
+
+
+def test_a_toy_key_is_validated_like_the_others(toy_term):
+    with pytest.raises(ValidationError, match="greater than or equal to 0"):
+        LengthPenaltyConfig.model_validate({"default": {"toy_tax": -1}})
+    assert LengthPenaltyParams.model_fields["toy_tax"].description.startswith("the loss per unit")
+
+
+def test_an_unregistered_key_is_unknown():
+    assert "toy_tax" not in LengthPenaltyParams.model_fields
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        LengthPenaltyConfig.model_validate({"default": {"toy_tax": 0.01}})
+
+
+def test_a_term_registers_once_and_owns_its_keys(toy_term):
+    with pytest.raises(ValueError, match="registered twice"):
+        register_term("toy_tax", kind="additive", order=11, parameters={}, switches=())(toy_tax)
+    with pytest.raises(ValueError, match="belongs to another term"):
+        register_term("toy_tax_2", kind="additive", order=11, parameters=PARAMETERS, switches=())(toy_tax)
+
+
+def test_every_module_of_the_package_is_a_term():
+    """The registry finds the modules itself: one term per module, none listed by hand."""
+    modules = {module.name for module in pkgutil.iter_modules(terms_package.__path__)}
+    assert {term.compute.__module__.rsplit(".", 1)[-1] for term in terms()} == modules
+    assert len(terms()) == len(modules) == 12

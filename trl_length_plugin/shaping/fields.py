@@ -1,0 +1,29 @@
+"""The value types the ``length_penalty`` keys are made of (docs/reference/length-penalties.md §2.1): numbers
+that reject booleans, counts and the three length channels (§2.5). Needs only pydantic: the term modules
+declare their keys with these types, and the config assembles its model from them before torch is
+imported."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+Channel = Literal["total", "reasoning", "answer"]
+CHANNELS: tuple[Channel, ...] = ("reasoning", "answer", "total")  # bonus / longest / zMAD order (§2.7)
+BAND_CHANNELS: tuple[Channel, ...] = ("total", "reasoning", "answer")  # band order (§2.12)
+
+
+def _not_bool(value: Any) -> Any:
+    """Numbers must be numbers: ``true`` is not 1 (pydantic's lax mode would take it)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_not_bool)]
+NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_bool)]
+Fraction = Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)]
+Count = Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
+Positive = Annotated[float, Field(gt=0), BeforeValidator(_not_bool)]
+PositiveCount = Annotated[int, Field(ge=1), BeforeValidator(_not_bool)]
