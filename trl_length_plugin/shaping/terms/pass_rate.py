@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..groups import row_count, row_max
+from ..groups import row_count, row_max, weights
 from ..view import GroupView
 from . import TermInputs, register_term
 
@@ -29,4 +29,4 @@ def pass_rate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     longest = row_max(total, view.positive)
     on = (rho > 0) & (longest > 0)
     term = (total * (-weight * rho)).div_(torch.where(on, longest, 1.0))
-    return {"pass_rate": term.mul_(view.positive & on)}
+    return {"pass_rate": term.mul_(weights(view.positive & on))}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..config import BAND_CHANNELS
+from ..groups import weights
 from ..view import GroupView
 from . import TermInputs, register_term
 
@@ -21,7 +22,7 @@ def band_multiplier(length: torch.Tensor, band: torch.Tensor, apply: torch.Tenso
     missing = torch.isnan(a)
     a, b = a.nan_to_num(0.0), b.nan_to_num(1.0)
     shrink = (1 - f).nan_to_num(0.0).masked_fill(missing, 0.0)
-    fraction = (length - a).div_(b - a).clamp_(0, 1).mul_(shrink).mul_(apply)
+    fraction = (length - a).div_(b - a).clamp_(0, 1).mul_(shrink).mul_(weights(apply))
     return fraction.neg_().add_(1)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from ..agents import GATE_FIELDS
 from ..config import BAND_CHANNELS, CHANNELS
-from ..groups import row_count, row_sum
+from ..groups import row_count, row_sum, weights
 from ..view import GroupView
 from . import TermInputs, register_term
 
@@ -45,7 +45,7 @@ def profile_gate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]
     positive_only = view.p("group_length_penalty_profile_gate_positive_only")
     member = (view.positive & positive_only) | (view.processed & ~positive_only)
     count = row_count(member)
-    mean = row_sum(lengths * member) / count
+    mean = row_sum(lengths * weights(member)) / count
     reason = torch.full_like(count, _LE)
     reason[mean > inputs.limits] = _GT
     reason[count == 0] = _NO_LENGTHS

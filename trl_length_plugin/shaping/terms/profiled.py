@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..groups import weights
 from ..view import GroupView
 from . import TermInputs, register_term
 
@@ -26,4 +27,4 @@ def profiled(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     if not bool((penalty > 0).any()):
         return {}
     hit = view.processed & (view.lengths["total"] >= inputs.profiled_threshold) & (inputs.adjustment >= 0)
-    return {"profiled": hit * -penalty}
+    return {"profiled": weights(hit).mul_(-penalty)}
