@@ -282,7 +282,7 @@ def row_padded(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
 
 
 def sorted_slots(padded: torch.Tensor) -> torch.Tensor:
-    """The values of each group sorted ascending over the slots.
+    """The values of each group sorted ascending over the slots; ``padded`` is overwritten.
 
     Up to 16 slots go through a sorting network on whole slot vectors (much faster than ``torch.sort``
     on many short rows); more slots use ``torch.sort``.
@@ -299,7 +299,7 @@ def sorted_slots(padded: torch.Tensor) -> torch.Tensor:
 
 def row_sorted(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
     """Member values sorted ascending over the slots of each group, non-members (``BIG``) last."""
-    return sorted_slots(row_padded(x, member))
+    return sorted_slots(row_padded(x, member))  # a fresh tensor: sorted in place
 
 
 def row_pick(ordered: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

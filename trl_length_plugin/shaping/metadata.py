@@ -254,7 +254,7 @@ def _channel_bands(blocks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     flags = _given(blocks)
     if not flags.any():
         return values, bad
-    present, given_blocks = np.flatnonzero(flags), list(compress(blocks, flags))
+    present, given_blocks = np.flatnonzero(flags), blocks if flags.all() else list(compress(blocks, flags))
     if set(map(type, given_blocks)) <= {dict}:
         fields = list(chain.from_iterable(map(dict.get, given_blocks, repeat(key)) for key in "abf"))
         if set(map(type, fields)) <= _PLAIN:  # no bool, string, array or missing value

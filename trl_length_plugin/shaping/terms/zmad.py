@@ -42,12 +42,12 @@ def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     count = row_count(member)
     x = view.stacked_lengths(channels)
     padded = row_padded(x, member)  # non-members BIG: sorted last
-    median = sorted_median(sorted_slots(padded), count)
+    median = sorted_median(sorted_slots(padded.clone()), count)
     # members: x - median; non-members stay BIG (a median is at most 2**53, far below BIG's spacing), so the
     # deviations sort as padded values too (in a group without members nothing is read)
     deviation = padded - median
     above = deviation > 0  # z > threshold > 0 needs it; then |z| is z
-    mad = sorted_median(sorted_slots(deviation.abs_()), count)
+    mad = sorted_median(sorted_slots(deviation.abs_().clone()), count)
     usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
     z = deviation.mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
     flagged = weights(member & usable & above & (z > threshold)).mul_(-penalty)
