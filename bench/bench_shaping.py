@@ -45,6 +45,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -239,7 +240,8 @@ def threads_section(sizes: list[int], processes: int) -> None:
 
 def base_engine(commit: str, folder: Path):
     """``engine`` of the package at ``commit`` (``git archive``), imported under its own name beside this one:
-    its modules are loaded with ``trl_length_plugin`` swapped out of ``sys.modules``, then swapped back."""
+    its modules are loaded with ``trl_length_plugin`` swapped out of ``sys.modules``, then swapped back. The
+    names are read inside the swap: ``shaping`` exports lazily, so read later they would be this engine's."""
     repo = Path(__file__).resolve().parents[1]
     archive = subprocess.run(
         ["git", "archive", "--format=tar", commit, "trl_length_plugin"],
@@ -254,7 +256,10 @@ def base_engine(commit: str, folder: Path):
         del sys.modules[name]
     sys.path.insert(0, str(folder))
     try:
-        from trl_length_plugin import shaping as base
+        from trl_length_plugin import shaping
+
+        names = ("LengthShapingConfig", "RolloutBatch", "shape_rollouts", "MetadataCache")
+        base = SimpleNamespace(**{name: getattr(shaping, name) for name in names})
     finally:
         sys.path.remove(str(folder))
         for name in [name for name in sys.modules if name.split(".")[0] == "trl_length_plugin"]:

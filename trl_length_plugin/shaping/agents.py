@@ -34,12 +34,13 @@ class AgentParams:
             values = [getattr(params, name) for params in self.params]
             choices = key_choices(name)
             if choices:
-                tensor = torch.tensor([choices.index(value) for value in values])
+                values, dtype = [choices.index(value) for value in values], torch.long
             else:
-                tensor = torch.tensor(
-                    values, dtype=torch.bool if isinstance(values[0], bool) else torch.float64
-                )
-            self._cache[name] = tensor.index_select(0, self.codes)
+                dtype = torch.bool if isinstance(values[0], bool) else torch.float64
+            if len(values) == 1:  # one agent: one fill instead of a gather
+                self._cache[name] = torch.full((self.codes.numel(),), values[0], dtype=dtype)
+            else:
+                self._cache[name] = torch.tensor(values, dtype=dtype).index_select(0, self.codes)
         return self._cache[name]
 
     def uses(self, *names: str) -> bool:

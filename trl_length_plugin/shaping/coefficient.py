@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .batch import as_float_tensor, valid_lengths
-from .groups import GroupLayout, row_min
+from .groups import GroupLayout, row_min, weights
 from .metrics import mean_metrics
 from .threads import single_threaded
 
@@ -92,7 +92,7 @@ def apply_length_coefficient(
     for bucket in layout.buckets:
         length_b, correct_b = bucket.pack(length), bucket.pack(correct, False)
         reference = row_min(length_b, correct_b).clamp(min=floor)  # BIG without a correct row
-        parts.append(1 / (1 + coeff * (length_b - reference).clamp(min=0) / reference * correct_b))
+        parts.append(1 / (1 + coeff * (length_b - reference).clamp(min=0) / reference * weights(correct_b)))
     multipliers = layout.unpack(parts)
     out = (values * multipliers).to(raw.dtype)
     return LengthCoefficientResult(

@@ -84,17 +84,21 @@ class Bucket:
     def is_view(self) -> bool:
         return self.rows is None
 
-    def pack(self, values: torch.Tensor, fill: float | bool = 0) -> torch.Tensor:
-        """Per-row values (the last dimension) as a ``[width, ..., Gb]`` matrix, padding slots set to
-        ``fill``; stacked channels ``(C, rows)`` give ``[width, C, Gb]`` in one copy."""
-        lead = values.shape[:-1]
+    def pack(self, values: torch.Tensor | Sequence[torch.Tensor], fill: float | bool = 0) -> torch.Tensor:
+        """Per-row values as a ``[width, Gb]`` matrix, padding slots set to ``fill``; a sequence of C
+        per-row tensors (channels) gives ``[width, C, Gb]``, each written once into its place."""
+        if isinstance(values, torch.Tensor):
+            return self._slots(values, fill).contiguous()
+        return torch.stack([self._slots(channel, fill) for channel in values], 1)
+
+    def _slots(self, values: torch.Tensor, fill: float | bool) -> torch.Tensor:
+        """``[width, Gb]`` of one per-row tensor: a transposed view of the batch for a view bucket."""
         if self.rows is None:
             start = self.first_group * self.width
-            span = values[..., start : start + self.width * self.groups.numel()]
-            return span.reshape(*lead, -1, self.width).movedim(-1, 0).contiguous()
-        packed = values.new_full((*lead, self.width * self.groups.numel()), fill)
-        packed[..., self.slots] = values.index_select(-1, self.rows)
-        return packed.view(*lead, self.width, -1).movedim(-2, 0).contiguous()
+            return values[start : start + self.width * self.groups.numel()].reshape(-1, self.width).t()
+        packed = values.new_full((self.width * self.groups.numel(),), fill)
+        packed[self.slots] = values.index_select(0, self.rows)
+        return packed.view(self.width, -1)
 
     def take(self, per_group: torch.Tensor) -> torch.Tensor:
         """The entries of a per-group tensor for this bucket's groups."""
@@ -237,6 +241,12 @@ def row_max(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
     return _filled(x, member, -BIG).amax(0)
 
 
+def row_min_max(x: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``row_min`` and ``row_max`` of the same members, converting the mask once."""
+    outside = weights(~member, x.dtype)
+    return torch.add(x, outside, alpha=BIG).amin(0), torch.add(x, outside, alpha=-BIG).amax(0)
+
+
 def row_first_extreme(x: torch.Tensor, member: torch.Tensor, largest: bool) -> torch.Tensor:
     """One-hot ``[width, groups]`` mask of the smallest (largest) member, the lowest slot on ties, so the
     lowest row index (slots follow row order); no hit in a group without members."""
@@ -266,21 +276,30 @@ def _sorting_network(width: int) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
-def row_sorted(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
-    """Member values sorted ascending over the slots of each group, non-members (``BIG``) last.
+def row_padded(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """``x`` with the non-member slots set to ``BIG`` (the input of ``sorted_slots``)."""
+    return _filled(x, member, BIG)
+
+
+def sorted_slots(padded: torch.Tensor) -> torch.Tensor:
+    """The values of each group sorted ascending over the slots; ``padded`` is overwritten.
 
     Up to 16 slots go through a sorting network on whole slot vectors (much faster than ``torch.sort``
     on many short rows); more slots use ``torch.sort``.
     """
-    filled = _filled(x, member, BIG)
-    if filled.shape[0] > 16:
-        return torch.sort(filled, dim=0).values
-    slots, spare = list(filled.unbind(0)), torch.empty_like(filled[0])
-    for i, j in _sorting_network(filled.shape[0]):  # in place: the old low slot becomes the spare
+    if padded.shape[0] > 16:
+        return torch.sort(padded, dim=0).values
+    slots, spare = list(padded.unbind(0)), torch.empty_like(padded[0])
+    for i, j in _sorting_network(padded.shape[0]):  # in place: the old low slot becomes the spare
         low = torch.minimum(slots[i], slots[j], out=spare)
         torch.maximum(slots[i], slots[j], out=slots[j])
         slots[i], spare = low, slots[i]
     return torch.stack(slots)
+
+
+def row_sorted(x: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
+    """Member values sorted ascending over the slots of each group, non-members (``BIG``) last."""
+    return sorted_slots(row_padded(x, member))  # a fresh tensor: sorted in place
 
 
 def row_pick(ordered: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -288,8 +307,13 @@ def row_pick(ordered: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return ordered.gather(0, index.clamp(0, ordered.shape[0] - 1)[None]).squeeze(0)
 
 
-def row_median(x: torch.Tensor, member: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``statistics.median`` of the members: the middle value, or the mean of the two middle values for
-    an even count (docs/reference/length-penalties.md §2.9); meaningless where ``count`` is 0."""
-    ordered = row_sorted(x, member)
+def sorted_median(ordered: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``statistics.median`` of the first ``count`` values of each group of ``sorted_slots``: the middle
+    value, or the mean of the two middle values for an even count (docs/reference/length-penalties.md
+    §2.9); meaningless where ``count`` is 0."""
     return (row_pick(ordered, (count - 1) >> 1) + row_pick(ordered, count >> 1)) / 2
+
+
+def row_median(x: torch.Tensor, member: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``statistics.median`` of the members (``count`` of them per group), see ``sorted_median``."""
+    return sorted_median(row_sorted(x, member), count)

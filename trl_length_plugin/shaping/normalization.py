@@ -21,7 +21,7 @@ import torch
 
 from .batch import as_float_tensor
 from .config import did_you_mean
-from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_max, row_min, row_sum
+from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_min_max, row_sum, weights
 from .threads import single_threaded
 
 ALL_CORRECT_MIN_RANGE = 1e-6  # §3.3
@@ -66,9 +66,9 @@ def _inputs(shaped: Any, raw: Any, group_index: Any) -> tuple[torch.Tensor, torc
     return values, truth, layout
 
 
-def _all_correct(bucket: Bucket, raw: torch.Tensor) -> torch.Tensor:
-    """Per group: every raw reward is exactly 1.0."""
-    return row_all((bucket.pack(raw) == 1.0) | ~bucket.valid)
+def _all_correct(bucket: Bucket, packed_raw: torch.Tensor) -> torch.Tensor:
+    """Per group: every raw reward (packed) is exactly 1.0."""
+    return row_all((packed_raw == 1.0) | ~bucket.valid)
 
 
 @single_threaded()
@@ -105,9 +105,10 @@ def group_advantages(
     for bucket in layout.buckets:
         packed = bucket.pack(x)
         valid = bucket.valid & ~torch.isnan(packed)
-        known = packed.nan_to_num(0.0) * valid
+        present = weights(valid)  # masks multiply as 1.0 / 0.0 values (faster than bool, the same numbers)
+        known = packed.nan_to_num(0.0) * present
         count = row_count(valid)
-        centred = (known - row_sum(known) / count.clamp(min=1)) * valid
+        centred = (known - row_sum(known) / count.clamp(min=1)) * present
         mixed = centred
         if scale_by_std:
             std = batch_std if batch_std is not None else (centred.pow(2).sum(0) / (count - 1)).sqrt()
@@ -117,13 +118,14 @@ def group_advantages(
             single = (known - mean) / (std + std_eps) if scale_by_std else known - mean
             alone = count == 1
             mixed = mixed.nan_to_num(0.0) * ~alone + single * alone
-        all_correct = _all_correct(bucket, truth)
-        all_wrong = ~row_any((bucket.pack(truth) > 0) & bucket.valid)
+        packed_truth = bucket.pack(truth)
+        all_correct = _all_correct(bucket, packed_truth)
+        all_wrong = ~row_any((packed_truth > 0) & bucket.valid)
         if plain_rows is not None:
             plain = row_any(bucket.pack(plain_rows, False) & bucket.valid)
             all_correct, all_wrong = all_correct & ~plain, all_wrong & ~plain
         advantage = mixed.nan_to_num(0.0) * ~all_correct + centred * all_correct
-        parts.append(advantage * (valid & ~all_wrong))
+        parts.append(advantage * weights(valid & ~all_wrong))
     return layout.unpack(parts).to(values.dtype)
 
 
@@ -141,8 +143,8 @@ def nonzero_std_keep_mask(shaped: Any, raw: Any, group_index: Any) -> torch.Tens
         packed = bucket.pack(x)
         valid = bucket.valid & ~torch.isnan(packed)
         packed = packed.nan_to_num(0.0)
-        highest, lowest = row_max(packed, valid), row_min(packed, valid)
-        all_correct = _all_correct(bucket, truth)
+        lowest, highest = row_min_max(packed, valid)
+        all_correct = _all_correct(bucket, bucket.pack(truth))
         keep = (highest - lowest > ALL_CORRECT_MIN_RANGE) & all_correct | (highest > lowest) & ~all_correct
         parts.append(keep.expand_as(packed))
     return layout.unpack(parts, torch.bool)

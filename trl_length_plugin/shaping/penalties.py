@@ -140,7 +140,7 @@ def _shape_bucket(
     rewards = bucket.pack(rows["rewards"])
     processed = bucket.valid & bucket.take(shaped_groups)
     clean = rewards.nan_to_num(0.0)
-    channel_lengths = bucket.pack(torch.stack([rows[channel] for channel in CHANNELS]))
+    channel_lengths = bucket.pack([rows[channel] for channel in CHANNELS])
     truncated = None if rows.get("truncated") is None else bucket.pack(rows["truncated"], False)
     view = GroupView(bucket, params, clean, channel_lengths, processed, processed & (clean > 0), truncated)
     kept_rows: dict[str, dict[str, torch.Tensor]] = {}

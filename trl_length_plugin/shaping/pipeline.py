@@ -79,7 +79,9 @@ def _coefficient(
             "host's own advantages, counted in length_penalty/coeff_skipped_frac "
             "(docs/reference/length-coefficient.md §3.1)",
         )
-    correctness = batch.rewards.double().masked_fill(skipped_rows, torch.nan)
+        correctness = batch.rewards.double().masked_fill(skipped_rows, torch.nan)
+    else:
+        correctness = batch.rewards.double()
     return apply_length_coefficient(
         shaped, batch.loss_lengths, layout, coeff, config.length_penalty_min_tokens, correctness=correctness
     )

@@ -10,7 +10,7 @@ import torch
 
 from .agents import AgentParams
 from .fields import CHANNELS
-from .groups import Bucket, row_count, row_max, row_min, row_pick, row_sorted
+from .groups import Bucket, row_count, row_min_max, row_pick, row_sorted
 
 
 @dataclass
@@ -51,8 +51,8 @@ class GroupView:
     @functools.cached_property
     def threshold(self) -> torch.Tensor:
         """§2.7: the positive reward at index max(0, int(n_pos * top_percentile) - 1) sorted descending."""
-        highest = row_max(self.rewards, self.eligible)
-        varied = row_min(self.rewards, self.eligible) < highest
+        lowest, highest = row_min_max(self.rewards, self.eligible)
+        varied = lowest < highest
         if not bool(varied.any()):
             return highest
         descending = ((self.n_positive * self.p("top_percentile")).floor().long() - 1).clamp(min=0)

@@ -37,7 +37,7 @@ PARAMETERS = {
 def group_relative(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     import torch
 
-    from ..groups import row_count, row_max, row_min, row_sum, weights
+    from ..groups import row_count, row_min_max, row_sum, weights
 
     channels = view.channels_on("group_{}_length_penalty_coeff")
     if not channels:
@@ -45,8 +45,8 @@ def group_relative(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tenso
     member = (view.eligible & inputs.gate_open)[:, None]
     count = row_count(member).clamp(min=1)
     x = view.stacked_lengths(channels)
-    low = row_min(x, member)
-    span = row_max(x, member) - low
+    low, high = row_min_max(x, member)
+    span = high - low
     spread = span > 0
     weight = (x - low).div_(torch.where(spread, span, 1.0)).neg_().add_(1).mul_(weights(member & spread))
     coeff = view.stacked("group_{}_length_penalty_coeff", channels)

@@ -32,7 +32,7 @@ PARAMETERS = {
 def pass_rate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     import torch
 
-    from ..groups import row_count, row_max
+    from ..groups import row_count, row_max, weights
 
     weight = view.p("pass_rate_length_penalty_weight")
     if not bool((weight > 0).any()):
@@ -42,4 +42,4 @@ def pass_rate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     longest = row_max(total, view.positive)
     on = (rho > 0) & (longest > 0)
     term = (total * (-weight * rho)).div_(torch.where(on, longest, 1.0))
-    return {"pass_rate": term.mul_(view.positive & on)}
+    return {"pass_rate": term.mul_(weights(view.positive & on))}

@@ -30,10 +30,12 @@ def band_multiplier(length: torch.Tensor, band: torch.Tensor, apply: torch.Tenso
     """The multiplier of ``length`` ``[width, groups]`` under ``band`` (groups, 3) ``a, b, f``; 1 where
     ``apply`` is false or the band is missing (NaN)."""
     a, b, f = band.unbind(-1)
+    from ..groups import weights
+
     missing = a.isnan()
     a, b = a.nan_to_num(0.0), b.nan_to_num(1.0)
     shrink = (1 - f).nan_to_num(0.0).masked_fill(missing, 0.0)
-    fraction = (length - a).div_(b - a).clamp_(0, 1).mul_(shrink).mul_(apply)
+    fraction = (length - a).div_(b - a).clamp_(0, 1).mul_(shrink).mul_(weights(apply))
     return fraction.neg_().add_(1)
 
 

@@ -61,14 +61,14 @@ def profile_gate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]
     no gate is open with reason ``disabled``."""
     import torch
 
-    from ..groups import row_count, row_sum
+    from ..groups import row_count, row_sum, weights
 
     lengths = view.channel_of("group_length_penalty_profile_gate_channel")
     enabled = view.p("group_length_penalty_profile_gate") & view.shaped_groups
     positive_only = view.p("group_length_penalty_profile_gate_positive_only")
     member = (view.positive & positive_only) | (view.processed & ~positive_only)
     count = row_count(member)
-    mean = row_sum(lengths * member) / count
+    mean = row_sum(lengths * weights(member)) / count
     reason = torch.full_like(count, _LE)
     reason[mean > inputs.prepared["limit"]] = _GT
     reason[count == 0] = _NO_LENGTHS

@@ -48,8 +48,10 @@ def profiled_thresholds(params: AgentParams, meta: GroupMetadata) -> dict[str, t
     prepare=profiled_thresholds,
 )
 def profiled(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
+    from ..groups import weights
+
     penalty = view.p("profiled_length_penalty")
     if not bool((penalty > 0).any()):
         return {}
     hit = view.processed & (view.lengths["total"] >= inputs.prepared["threshold"]) & (inputs.adjustment >= 0)
-    return {"profiled": hit * -penalty}
+    return {"profiled": weights(hit).mul_(-penalty)}

@@ -38,7 +38,7 @@ PARAMETERS = {
 def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     import torch
 
-    from ..groups import row_count, row_median, weights
+    from ..groups import row_count, row_padded, sorted_median, sorted_slots, weights
 
     channels = [
         channel
@@ -54,10 +54,13 @@ def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     member = view.eligible[:, None] & (threshold > 0) & (penalty > 0)
     count = row_count(member)
     x = view.stacked_lengths(channels)
-    median = row_median(x, member, count)
-    deviation = x - median
+    padded = row_padded(x, member)  # non-members BIG: sorted last
+    median = sorted_median(sorted_slots(padded.clone()), count)
+    # members: x - median; non-members stay BIG (a median is at most 2**53, far below BIG's spacing), so the
+    # deviations sort as padded values too (in a group without members nothing is read)
+    deviation = padded - median
     above = deviation > 0  # z > threshold > 0 needs it; then |z| is z
-    mad = row_median(deviation.abs_(), member, count)
+    mad = sorted_median(sorted_slots(deviation.abs_().clone()), count)
     usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
     z = deviation.mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
     flagged = weights(member & usable & above & (z > threshold)).mul_(-penalty)
