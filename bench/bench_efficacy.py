@@ -10,7 +10,8 @@ made from the warm model's own rollouts (``warm_reference``).
 
 One JSON per finished run lands in ``--out``/runs; a finished run is not redone, so an interrupted grid
 resumes and a second invocation only summarizes; ``--restore`` seeds the run store from committed summaries
-(a fresh clone then trains only the arms and seeds they lack). ``--jobs 2`` (the default) trains one run per core in
+(a fresh clone then trains only the arms and seeds they lack), refused when the warm model rebuilt here is
+not the one they started from (its weights' fingerprint is in the summary). ``--jobs 2`` (the default) trains one run per core in
 worker processes. At the end: the tables (``--out``/table.md), ``case | measured | baseline | ratio``
 lines, the Pareto PNG and the best trade-off. Recorded in docs/efficacy.md:
 
@@ -460,14 +461,31 @@ def finished(out: Path, arm: Arm, seed: int, steps: int, task: demo.Task = demo.
     return record if record["settings"] == settings(arm, steps, task) else None
 
 
-def restore_runs(summaries: list[Path], out: Path) -> int:
+def warm_weights(task: demo.Task, seed: int) -> str:
+    """The fingerprint of the warm model seed ``seed``'s runs start from (sha256 of its weights, 16 hex digits):
+    a rebuilt warm model need not equal the one a stored summary was trained from."""
+    import hashlib
+
+    weights = task.model_dir(seed) / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+
+
+def restore_runs(summaries: list[Path], out: Path, weights: str) -> int:
     """Write each run of the summaries into the run store where it has no record of that arm and seed;
-    returns how many were written. A restored record has no curve (the summaries keep none); ``finished``
-    still redoes it when its settings differ from the arm's."""
+    returns how many were written. A summary whose warm model is not ``weights`` (``warm_weights``; none
+    recorded counts as another) is refused: its runs started from another model. A restored record has no
+    curve (the summaries keep none); ``finished`` still redoes it when its settings differ from the arm's."""
     (out / "runs").mkdir(parents=True, exist_ok=True)
     written = 0
     for summary in summaries:
-        for record in json.loads(summary.read_text())["runs"]:
+        stored = json.loads(summary.read_text())
+        recorded = {w.get("weights") for w in stored["warm"]}
+        if recorded != {weights}:
+            raise ValueError(
+                f"{summary}: its runs started from warm model {', '.join(map(str, sorted(recorded, key=str)))}, "
+                f"not this machine's {weights}; not restored"
+            )
+        for record in stored["runs"]:
             path = run_path(out, record["arm"], record["seed"])
             if not path.exists():
                 path.write_text(json.dumps(record))
@@ -776,7 +794,9 @@ def write_summary(records: list[dict], warm: list[dict], seeds: list[int], path:
     """Every run's record without its curve, and each seed's warm-start figures, as one JSON file."""
     runs = [{key: value for key, value in r.items() if key != "curve"} for r in records]
     runs.sort(key=lambda r: (r["arm"], r["seed"]))
-    warm_eval = [dict(seed=seed, eval=w["eval"]) for seed, w in zip(seeds, warm, strict=True)]
+    warm_eval = [
+        dict(seed=seed, eval=w["eval"], weights=w.get("weights")) for seed, w in zip(seeds, warm, strict=True)
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(warm=warm_eval, runs=runs), indent=1) + "\n")
     return path
@@ -897,7 +917,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.restore:
-        restored = restore_runs([Path(p) for p in args.restore.split(",")], out)
+        weights = warm_weights(task, task.warm_seed or 0)
+        restored = restore_runs([Path(p) for p in args.restore.split(",")], out, weights)
         print(f"# restored {restored} runs from {args.restore} into {out / 'runs'}")
     warm = []
     for seed in seeds:
@@ -909,7 +930,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             stored = warm_reference(seed, task)
             path.write_text(json.dumps(stored))
-        warm.append(stored)
+        warm.append({**stored, "weights": warm_weights(task, seed)})
     records = run_grid(arms, seeds, args.steps, out, args.jobs, task=task)
     if args.summary:
         write_summary(records, warm, seeds, Path(args.summary))

@@ -126,11 +126,14 @@ def test_a_summary_restores_the_run_store_so_the_grid_trains_only_what_it_lacks(
 
     arms = bench.ARMS[:2]
     records = [fake_record(arm.name, seed, 5) for arm in arms for seed in (0, 1)]
-    summary = bench.write_summary(records, [{"eval": {}}] * 2, [0, 1], tmp_path / "runs.json")
+    summary = bench.write_summary(
+        records, [{"eval": {}, "weights": "w1"}] * 2, [0, 1], tmp_path / "runs.json"
+    )
     store = tmp_path / "store"
-    bench.run_path(store, arms[0].name, 0).parent.mkdir(parents=True)
+    with pytest.raises(ValueError, match="started from warm model w1, not this machine's w2"):
+        bench.restore_runs([summary], store, "w2")  # another warm build: its runs are not these
     bench.run_path(store, arms[0].name, 0).write_text(json.dumps(fake_record(arms[0].name, 0, 5, 99.0)))
-    assert bench.restore_runs([summary], store) == 3  # the stored run of arm 0, seed 0 is kept
+    assert bench.restore_runs([summary], store, "w1") == 3  # the stored run of arm 0, seed 0 is kept
     assert json.loads(bench.run_path(store, arms[0].name, 0).read_text())["eval"]["length"] == 99.0
     restored = bench.run_grid(bench.ARMS[:3], [0, 1], 5, store, run=stub)
     assert sorted(calls) == [(bench.ARMS[2].name, 0), (bench.ARMS[2].name, 1)]
