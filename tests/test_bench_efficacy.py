@@ -513,3 +513,21 @@ def test_target_arms_ask_each_prompt_for_its_profiled_target_and_held_out_for_it
     assert asked["target_length"] == expected
     plain = bench.arms_by_name(demo.REASONING)[bench.PLAIN]
     assert "target_prompt" not in bench.settings(plain, 60, demo.REASONING)  # stored runs stay valid
+
+
+def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeypatch):
+    """bench/warm_models holds the reasoning warm model under the cache name ``embedded_model_dir`` looks up
+    (scripts/setup.sh copies it into the cache), and it is the model the committed grid summary was trained
+    from. A recipe change (a new cache key) fails here until the model is rebuilt and pinned again."""
+    import shutil
+
+    from trl_length_plugin.embedded import embedded_model_dir
+
+    pinned = [path for path in (REPO / "bench" / "warm_models").iterdir() if path.is_dir()]
+    for path in pinned:
+        shutil.copytree(path, tmp_path / path.name)
+    monkeypatch.setenv("TRL_LENGTH_PLUGIN_CACHE", str(tmp_path))
+    found = embedded_model_dir(warm_start=True, seed=demo.REASONING.warm_seed, task="reasoning")
+    assert [found.name] == [path.name for path in pinned]
+    summary = json.loads((REPO / "docs" / demo.REASONING.grid_summary).read_text())
+    assert {warm["weights"] for warm in summary["warm"]} == {bench.warm_weights(demo.REASONING, 0)}

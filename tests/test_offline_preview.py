@@ -260,14 +260,6 @@ def test_duplicate_recipe_key_is_refused_as_the_trainers_cli_refuses_it(tmp_path
     )
 
 
-def test_normalization_is_the_trainers():
-    from trl_length_plugin.shaping.normalization import trl_normalization
-    from trl_length_plugin.trl_integration.length_shaping import trl_normalization as trainer_normalization
-
-    for scale_rewards in ("group", "batch", "none"):
-        assert trl_normalization(scale_rewards) == trainer_normalization(scale_rewards)
-
-
 @pytest.mark.slow
 def test_preview_equals_the_trl_trainer(random_model_dir, tmp_path, capsys):
     """One real ``LengthPluginGRPOTrainer`` step (deterministic ``rollout_func``), its rollouts saved in the

@@ -180,7 +180,7 @@ def run_warm_start(
 ) -> list[float]:
     """A short supervised pass on ``task`` so the model answers in format, partly correctly (issue 2).
 
-    Returns the loss curve. Deterministic for a given seed and thread count.
+    Returns the loss curve. Deterministic for a given seed and thread count on one machine.
     """
     torch = require("torch", "trl")
     _check_task(task)
@@ -232,8 +232,9 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arit
     model = build_model(tokenizer, seed)
     if warm_start:
         logger.info("building the embedded warm-started %s model (once, a few minutes)", task)
-        # one thread: same weights on every machine, no oversubscription (torch's own setter: an in-process
-        # vLLM CPU engine replaces torch.set_num_threads with a no-op)
+        # one thread: the same weights on one machine, no oversubscription (torch's own setter: an in-process
+        # vLLM CPU engine replaces torch.set_num_threads with a no-op); other CPUs build other weights, so
+        # the efficacy grid's model is pinned (docs/embedded.md, "The pinned warm model")
         set_threads, threads = torch._C.set_num_threads, torch.get_num_threads()
         set_threads(1)
         try:

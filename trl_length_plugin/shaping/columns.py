@@ -25,3 +25,5 @@ AGENT_COLUMN = "agent"
 PROFILED = "profiled"
 CHANNEL_NAME = "channel_name"
 METADATA_KEYS = (*BAND_CHANNELS, PROFILED, CHANNEL_NAME, TARGET)
+#: the parts that belong to a prompt's ``profile_band``
+BAND_KEYS = (*BAND_CHANNELS, CHANNEL_NAME)

@@ -20,7 +20,7 @@ import torch
 
 from .agents import AgentParams
 from .batch import RolloutBatch
-from .columns import METADATA_KEYS, PROFILE_BAND, PROFILED, TARGET
+from .columns import BAND_KEYS, METADATA_KEYS, PROFILE_BAND
 from .config import LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
 from .fields import CHANNELS
@@ -246,7 +246,7 @@ def _warn(
             agent,
         )
     if read_bands:
-        flagged = any(bool(meta.invalid[key].any()) for key in METADATA_KEYS if key not in (PROFILED, TARGET))
+        flagged = any(bool(meta.invalid[key].any()) for key in BAND_KEYS)
         found = flagged or any(bool((~band[:, 0].isnan()).any()) for band in meta.bands.values())
         warning = config.band_source_warning(found, f"no prompt of the batch has a {PROFILE_BAND!r}")
         if warning:
