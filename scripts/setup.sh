@@ -7,13 +7,17 @@ cd "$root"
 venv=.venv
 stamp=$venv/.setup-stamp
 # The pinned warm models (bench/warm_models, docs/embedded.md "The pinned warm model"): copied into the model
-# cache where missing, so every machine trains the efficacy grid and the demo from the same weights.
+# cache where missing or different (a machine's own build), so every machine trains the efficacy grid and the
+# demo from the same weights.
 cache=${TRL_LENGTH_PLUGIN_CACHE:-$HOME/.cache/trl_length_plugin}
 for pinned in bench/warm_models/*/; do
+  [ -d "$pinned" ] || continue
   target=$cache/$(basename "$pinned")
-  if [ ! -e "$target/config.json" ]; then
-    mkdir -p "$cache" && rm -rf "$target" "$target.pinning"
-    cp -r "$pinned" "$target.pinning" && mv "$target.pinning" "$target"
+  if ! cmp -s "$pinned/model.safetensors" "$target/model.safetensors"; then
+    mkdir -p "$cache"
+    rm -rf "$target" "$target.pinning"
+    cp -r "$pinned" "$target.pinning"
+    mv "$target.pinning" "$target"
   fi
 done
 want=$(cat constraints/cpu.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
