@@ -233,7 +233,7 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arit
     if warm_start:
         logger.info("building the embedded warm-started %s model (once, a few minutes)", task)
         # one thread: the same weights on one machine, no oversubscription (torch's own setter: an in-process
-        # vLLM CPU engine replaces torch.set_num_threads with a no-op); other CPUs build other weights, so
+        # vLLM CPU engine replaces torch.set_num_threads with a no-op); another machine may build other weights, so
         # the efficacy grid's model is pinned (docs/embedded.md, "The pinned warm model")
         set_threads, threads = torch._C.set_num_threads, torch.get_num_threads()
         set_threads(1)
