@@ -37,6 +37,7 @@ import argparse
 import importlib.util
 import io
 import multiprocessing
+import re
 import statistics
 import subprocess
 import sys
@@ -44,8 +45,8 @@ import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -60,6 +61,7 @@ from trl_length_plugin.shaping import (
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS
 
 REFERENCE_ROWS = 65_536
+BASE_PACKAGE = "trl_length_plugin_base"
 CONFIG = {
     "default": {
         **{f"{c}_bonus": 0.05 for c in ("reasoning", "answer", "total")},
@@ -239,9 +241,9 @@ def threads_section(sizes: list[int], processes: int) -> None:
 
 
 def base_engine(commit: str, folder: Path):
-    """``engine`` of the package at ``commit`` (``git archive``), imported under its own name beside this one:
-    its modules are loaded with ``trl_length_plugin`` swapped out of ``sys.modules``, then swapped back. The
-    names are read inside the swap: ``shaping`` exports lazily, so read later they would be this engine's."""
+    """``engine`` of the package at ``commit`` (``git archive``), imported beside this one as
+    ``trl_length_plugin_base``: the extracted package is renamed and its absolute imports rewritten, so its
+    lazy imports (exports, validators) resolve to its own modules, never to this engine's."""
     repo = Path(__file__).resolve().parents[1]
     archive = subprocess.run(
         ["git", "archive", "--format=tar", commit, "trl_length_plugin"],
@@ -251,20 +253,15 @@ def base_engine(commit: str, folder: Path):
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(folder, filter="data")
-    ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "trl_length_plugin"}
-    for name in ours:
-        del sys.modules[name]
+    package = folder / BASE_PACKAGE
+    (folder / "trl_length_plugin").rename(package)
+    for source in package.rglob("*.py"):
+        source.write_text(re.sub(r"\btrl_length_plugin\b", BASE_PACKAGE, source.read_text()))
     sys.path.insert(0, str(folder))
     try:
-        from trl_length_plugin import shaping
-
-        names = ("LengthShapingConfig", "RolloutBatch", "shape_rollouts", "MetadataCache")
-        base = SimpleNamespace(**{name: getattr(shaping, name) for name in names})
+        base = importlib.import_module(f"{BASE_PACKAGE}.shaping")
     finally:
         sys.path.remove(str(folder))
-        for name in [name for name in sys.modules if name.split(".")[0] == "trl_length_plugin"]:
-            del sys.modules[name]
-        sys.modules.update(ours)
     config = base.LengthShapingConfig(
         length_penalty=CONFIG, length_penalty_coeff=COEFF, drop_zero_std_groups=True
     )
@@ -345,6 +342,60 @@ def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
             report(f"{rows} rows, groups of {group_size}", measured * 1e3, at_floor * 1e3)
 
 
+def parts(rows: int, group_size: int) -> dict:
+    """Each part of the step as the step calls it, on one batch: name -> a call of it. A term alone runs
+    with its own keys of ``CONFIG`` (and the band block where it reads bands)."""
+    from trl_length_plugin.shaping.coefficient import apply_length_coefficient
+    from trl_length_plugin.shaping.correctness import classify_groups
+    from trl_length_plugin.shaping.metadata import parse_prompt_metadata
+    from trl_length_plugin.shaping.normalization import group_advantages, nonzero_std_keep_mask
+    from trl_length_plugin.shaping.penalties import apply_length_penalties
+    from trl_length_plugin.shaping.terms import terms
+
+    rewards, group_index, reasoning, answer, metadata = make_batch(rows, group_size)
+    batch = RolloutBatch(rewards, group_index, reasoning, answer, loss_lengths=reasoning + answer)
+    kinds = classify_groups(batch.layout, batch.rewards)
+    totals = batch.rewards + 0.1 * batch.total_lengths / 4000
+    first_rows = batch.group_rows(metadata)
+    calls = {
+        "the floor": lambda: floor(rewards, group_index, reasoning, answer, group_size),
+        "the whole step, no metadata": lambda: engine(rewards, group_index, reasoning, answer, None),
+        "batch and group layout": lambda: (
+            RolloutBatch(rewards, group_index, reasoning, answer, loss_lengths=reasoning + answer).layout
+        ),
+        "metadata parsing (one entry per group)": lambda: parse_prompt_metadata(first_rows),
+        "classify groups": lambda: classify_groups(batch.layout, batch.rewards),
+        "penalties, every term": lambda: apply_length_penalties(batch, SHAPING.penalties, kinds),
+    }
+    for term in terms():
+        config = {"default": {key: v for key, v in CONFIG["default"].items() if key in term.parameters}}
+        if "bands" in term.metadata:
+            config["profile_band"] = CONFIG["profile_band"]
+        elif not config["default"]:
+            continue
+        alone = LengthShapingConfig(length_penalty=config).penalties
+        calls[f"penalties, {term.name} alone"] = partial(apply_length_penalties, batch, alone, kinds)
+    calls["length coefficient"] = lambda: apply_length_coefficient(
+        totals, batch.loss_lengths, batch.layout, COEFF, correctness=batch.rewards
+    )
+    calls["group advantages"] = lambda: group_advantages(totals, batch.rewards, batch.layout)
+    calls["zero-std keep mask"] = lambda: nonzero_std_keep_mask(totals, batch.rewards, batch.layout)
+    return calls
+
+
+def parts_section(sizes: list[int], calls: int = 21) -> None:
+    """Each part of the step on its own against the floor of the same batch."""
+    for rows in sizes:
+        for group_size in (8, 16):
+            header(
+                f"{rows} rows, groups of {group_size}: the parts vs the floor (median CPU time of {calls})"
+            )
+            timed = {label: cpu_time(call, calls) for label, call in parts(rows, group_size).items()}
+            at_floor = timed.pop("the floor")
+            for label, measured in timed.items():
+                report(label, measured * 1e3, at_floor * 1e3)
+
+
 def cached_metadata_of(cache_class, metadata: list, group_size: int):
     """``cached_metadata`` with another engine's ``MetadataCache``."""
     cache = cache_class()
@@ -375,6 +426,8 @@ def main() -> None:
         metadata_section(sizes)
     if "base" in sections:
         base_section(sizes, args.base)
+    if "parts" in sections:
+        parts_section(sizes)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .config import DEFAULT_AGENT, LengthPenaltyConfig, LengthPenaltyParams
+from .groups import any_set
 from .terms import key_choices, switched_on
 
 
@@ -47,6 +48,13 @@ class AgentParams:
         """Whether any agent sets one of these parameters to a non-zero value (a mode: not none)."""
         return any(switched_on(getattr(p, name)) for p in self.params for name in names)
 
+    def agree(self, names: tuple[str, ...]) -> bool | None:
+        """True when every agent sets each of ``names`` above 0, False when none does, None when they differ."""
+        on = {all(getattr(params, name) > 0 for name in names) for params in self.params}
+        return on.pop() if len(on) == 1 else None
+
     def agents_where(self, flags: torch.Tensor) -> list[str]:
         """Names of the agents owning at least one flagged group."""
+        if len(self.names) == 1:
+            return self.names if any_set(flags) else []
         return [self.names[code] for code in torch.unique(self.codes[flags]).tolist()]

@@ -34,7 +34,7 @@ class LengthCoefficientResult:
         """The coefficient's metrics as per-row values (reference §3); their means are the metrics."""
         return {
             "length_penalty/coeff": torch.full_like(self.lengths, self.coeff),
-            "length_penalty/coeff_penalized_frac": (self.multipliers < 1).double(),
+            "length_penalty/coeff_penalized_frac": weights(self.multipliers < 1),
             "length_penalty/coeff_reward_reduction_mean": torch.nan_to_num(self.reward_reductions.double()),
         }
 

@@ -36,14 +36,14 @@ def classify_groups(
     missing, non_binary, positives = [], [], []
     values = rewards.double()
     for bucket in layout.buckets:
-        packed = bucket.pack(values)
-        nan = torch.isnan(packed) & bucket.valid
-        off = (packed.abs() > BINARY_TOLERANCE) & ((packed - 1).abs() > BINARY_TOLERANCE) & ~nan
+        packed = bucket.pack(values)  # padding slots hold 0: neither NaN, off nor positive
+        # the distance to the nearer of 0 and 1; NaN compares false, so a missing reward is not "off"
+        off = torch.minimum(packed.abs(), (packed - 1).abs()) > BINARY_TOLERANCE
         if multi_component is not None:
             off |= bucket.pack(multi_component, False)
-        missing.append(row_any(nan))
-        non_binary.append(row_any(off & bucket.valid))
-        positives.append(row_count((packed > 0) & bucket.valid))
+        missing.append(row_any(torch.isnan(packed)))
+        non_binary.append(row_any(off))
+        positives.append(row_count(packed > 0))
     if not layout.buckets:
         empty = torch.zeros(0, dtype=torch.bool)
         return GroupKinds(empty, empty, torch.zeros(0, dtype=torch.long))

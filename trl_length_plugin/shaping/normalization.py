@@ -71,6 +71,14 @@ def _all_correct(bucket: Bucket, packed_raw: torch.Tensor) -> torch.Tensor:
     return row_all((packed_raw == 1.0) | ~bucket.valid)
 
 
+def _check_scope(std_scope: str) -> None:
+    if std_scope not in STD_SCOPES:
+        raise ValueError(
+            f"std_scope: {std_scope!r} is not one of {', '.join(map(repr, STD_SCOPES))}"
+            + did_you_mean(str(std_scope), STD_SCOPES)
+        )
+
+
 @single_threaded()
 def group_advantages(
     shaped: Any,
@@ -90,43 +98,8 @@ def group_advantages(
     the groups of these rows get the host normalization whatever their raw rewards (groups the coefficient
     skipped, reference §3.1). ``std_scope`` is ``"group"`` or ``"batch"``; anything else is a ``ValueError``.
     """
-    if std_scope not in STD_SCOPES:
-        raise ValueError(
-            f"std_scope: {std_scope!r} is not one of {', '.join(map(repr, STD_SCOPES))}"
-            + did_you_mean(str(std_scope), STD_SCOPES)
-        )
-    values, truth, layout = _inputs(shaped, raw, group_index)
-    x = values.double()
-    batch_std = None
-    if scale_by_std and std_scope == "batch":
-        finite = x[~torch.isnan(x)]
-        batch_std = ((finite - finite.mean()).pow(2).sum() / (finite.numel() - 1)).sqrt()
-    parts = []
-    for bucket in layout.buckets:
-        packed = bucket.pack(x)
-        valid = bucket.valid & ~torch.isnan(packed)
-        present = weights(valid)  # masks multiply as 1.0 / 0.0 values (faster than bool, the same numbers)
-        known = packed.nan_to_num(0.0) * present
-        count = row_count(valid)
-        centred = (known - row_sum(known) / count.clamp(min=1)) * present
-        mixed = centred
-        if scale_by_std:
-            std = batch_std if batch_std is not None else (centred.pow(2).sum(0) / (count - 1)).sqrt()
-            mixed = centred / (std + std_eps)
-        if single_row_stats is not None:
-            mean, std = single_row_stats
-            single = (known - mean) / (std + std_eps) if scale_by_std else known - mean
-            alone = count == 1
-            mixed = mixed.nan_to_num(0.0) * ~alone + single * alone
-        packed_truth = bucket.pack(truth)
-        all_correct = _all_correct(bucket, packed_truth)
-        all_wrong = ~row_any((packed_truth > 0) & bucket.valid)
-        if plain_rows is not None:
-            plain = row_any(bucket.pack(plain_rows, False) & bucket.valid)
-            all_correct, all_wrong = all_correct & ~plain, all_wrong & ~plain
-        advantage = mixed.nan_to_num(0.0) * ~all_correct + centred * all_correct
-        parts.append(advantage * weights(valid & ~all_wrong))
-    return layout.unpack(parts).to(values.dtype)
+    normalization = GroupNormalization(scale_by_std, std_eps, std_scope, single_row_stats)
+    return advantages_and_keep(shaped, raw, group_index, normalization, plain_rows, keep=False)[0]
 
 
 @single_threaded()
@@ -136,15 +109,79 @@ def nonzero_std_keep_mask(shaped: Any, raw: Any, group_index: Any) -> torch.Tens
     All-correct groups need a shaped range above 1e-6; other groups shaped rewards that are not all
     equal. NaN rows are ignored.
     """
+    return advantages_and_keep(shaped, raw, group_index, None)[1]
+
+
+@single_threaded()
+def advantages_and_keep(
+    shaped: Any,
+    raw: Any,
+    group_index: Any,
+    normalization: GroupNormalization | None,
+    plain_rows: torch.Tensor | None = None,
+    keep: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`group_advantages` under ``normalization`` (None: not computed) and, with ``keep``,
+    :func:`nonzero_std_keep_mask`, from one packing of the rewards per bucket."""
+    if normalization is not None:
+        _check_scope(normalization.std_scope)
     values, truth, layout = _inputs(shaped, raw, group_index)
     x = values.double()
-    parts = []
+    batch_std = None
+    if normalization is not None and normalization.scale_by_std and normalization.std_scope == "batch":
+        finite = x[~torch.isnan(x)]
+        batch_std = ((finite - finite.mean()).pow(2).sum() / (finite.numel() - 1)).sqrt()
+    advantages, kept = [], []
     for bucket in layout.buckets:
         packed = bucket.pack(x)
         valid = bucket.valid & ~torch.isnan(packed)
-        packed = packed.nan_to_num(0.0)
-        lowest, highest = row_min_max(packed, valid)
-        all_correct = _all_correct(bucket, bucket.pack(truth))
-        keep = (highest - lowest > ALL_CORRECT_MIN_RANGE) & all_correct | (highest > lowest) & ~all_correct
-        parts.append(keep.expand_as(packed))
-    return layout.unpack(parts, torch.bool)
+        packed_truth = bucket.pack(truth)
+        all_correct = _all_correct(bucket, packed_truth)
+        if normalization is not None:
+            plain = None if plain_rows is None else row_any(bucket.pack(plain_rows, False) & bucket.valid)
+            advantages.append(
+                _advantage(packed, valid, packed_truth, all_correct, bucket, normalization, batch_std, plain)
+            )
+        if keep:
+            lowest, highest = row_min_max(packed.nan_to_num(0.0), valid)
+            survives = (highest - lowest > ALL_CORRECT_MIN_RANGE) & all_correct | (
+                highest > lowest
+            ) & ~all_correct
+            kept.append(survives.expand_as(packed))
+    return (
+        layout.unpack(advantages).to(values.dtype) if normalization is not None else None,
+        layout.unpack(kept, torch.bool) if keep else None,
+    )
+
+
+def _advantage(
+    packed: torch.Tensor,
+    valid: torch.Tensor,
+    packed_truth: torch.Tensor,
+    all_correct: torch.Tensor,
+    bucket: Bucket,
+    normalization: GroupNormalization,
+    batch_std: torch.Tensor | None,
+    plain: torch.Tensor | None,
+) -> torch.Tensor:
+    """One bucket's advantages (``[width, Gb]``) under ``normalization`` (§3.3)."""
+    present = weights(valid)  # masks multiply as 1.0 / 0.0 values (faster than bool, the same numbers)
+    known = packed.nan_to_num(0.0) * present
+    count = row_count(valid)
+    centred = (known - row_sum(known) / count.clamp(min=1)) * present
+    mixed = centred
+    if normalization.scale_by_std:
+        std = batch_std if batch_std is not None else (centred.pow(2).sum(0) / (count - 1)).sqrt()
+        mixed = centred / (std + normalization.std_eps)
+    if normalization.single_row_stats is not None:
+        mean, std = normalization.single_row_stats
+        single = (
+            (known - mean) / (std + normalization.std_eps) if normalization.scale_by_std else known - mean
+        )
+        alone = count == 1
+        mixed = mixed.nan_to_num(0.0) * ~alone + single * alone
+    all_wrong = ~row_any((packed_truth > 0) & bucket.valid)
+    if plain is not None:
+        all_correct, all_wrong = all_correct & ~plain, all_wrong & ~plain
+    advantage = mixed.nan_to_num(0.0) * ~all_correct + centred * all_correct
+    return advantage * weights(valid & ~all_wrong)

@@ -24,7 +24,7 @@ from .columns import BAND_KEYS, METADATA_KEYS, PROFILE_BAND
 from .config import LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
 from .fields import CHANNELS
-from .groups import Bucket, GroupLayout
+from .groups import Bucket, GroupLayout, all_set, any_set, row_any, weights
 from .metadata import GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
@@ -173,7 +173,7 @@ def _shape_bucket(
     # the group terms stop at 0, or at a negative rollout reward where a rollout term is on (§2.6)
     signed = [term.on(view) for term in found.of("rollout")]
     signed = torch.stack(signed).any(0) if signed else None
-    if signed is not None and bool(signed.any()):
+    if signed is not None and any_set(signed):
         shaped = torch.maximum(adjustment.add_(reward), torch.where(signed, reward.clamp(max=0), 0.0))
     else:
         shaped = adjustment.add_(reward).clamp_(min=0)
@@ -228,8 +228,33 @@ def _warn(
     shaped_groups: torch.Tensor,
     meta: GroupMetadata,
     read_bands: bool,
+    invalid: torch.Tensor,
 ) -> None:
-    """The once-per-agent warnings of §2.4 and §2.12, and the once-per-run one when no band can apply."""
+    """The once-per-agent warnings of §2.4 and §2.12, and the once-per-run one when no band can apply
+    (``invalid``: the shaped groups with malformed metadata; each check runs only where one can fire)."""
+    if not all_set(kinds.binary):
+        _warn_unscorable(config, params, kinds)
+    if read_bands and not config.global_bands:
+        flagged = any(any_set(meta.invalid[key]) for key in BAND_KEYS)
+        found = flagged or any(not all_set(band[:, 0].isnan()) for band in meta.bands.values())
+        warning = config.band_source_warning(found, f"no prompt of the batch has a {PROFILE_BAND!r}")
+        if warning:
+            logging.getLogger("trl_length_plugin").warning(warning)
+    if not any_set(invalid):
+        return
+    for key in METADATA_KEYS:
+        for agent in params.agents_where(meta.invalid[key] & shaped_groups):
+            config.warn_once(
+                ("invalid_metadata", agent, key),
+                "length_penalty: ignoring malformed %s metadata of agent %r, counted in "
+                "length_penalty/invalid_metadata_frac (docs/reference/length-penalties.md §2.12, §2.14)",
+                key,
+                agent,
+            )
+
+
+def _warn_unscorable(config: LengthPenaltyConfig, params: AgentParams, kinds: GroupKinds) -> None:
+    """§2.4: once per agent with groups of a missing, or of a non-binary, correctness reward."""
     enabled = params["enabled"]
     for agent in params.agents_where(enabled & kinds.missing):
         config.warn_once(
@@ -245,21 +270,6 @@ def _warn(
             "they are left unshaped (docs/reference/length-penalties.md §2.4)",
             agent,
         )
-    if read_bands:
-        flagged = any(bool(meta.invalid[key].any()) for key in BAND_KEYS)
-        found = flagged or any(bool((~band[:, 0].isnan()).any()) for band in meta.bands.values())
-        warning = config.band_source_warning(found, f"no prompt of the batch has a {PROFILE_BAND!r}")
-        if warning:
-            logging.getLogger("trl_length_plugin").warning(warning)
-    for key in METADATA_KEYS:
-        for agent in params.agents_where(meta.invalid[key] & shaped_groups):
-            config.warn_once(
-                ("invalid_metadata", agent, key),
-                "length_penalty: ignoring malformed %s metadata of agent %r, counted in "
-                "length_penalty/invalid_metadata_frac (docs/reference/length-penalties.md §2.12, §2.14)",
-                key,
-                agent,
-            )
 
 
 def _row_metrics(
@@ -274,22 +284,22 @@ def _row_metrics(
 ) -> dict[str, torch.Tensor]:
     """§2.15 as per-row values (their means are the metrics); the group mix partitions the rollouts."""
     rewards = env.double()
-
-    def rows(groups: torch.Tensor) -> torch.Tensor:
-        return groups.double().index_select(0, layout.gid)
-
     scored = ~kinds.missing
+    per_group = {
+        "length_penalty/skipped_non_binary_frac": enabled & kinds.non_binary & scored,
+        "length_penalty/invalid_metadata_frac": invalid,
+        "length_penalty/pct_all_wrong": scored & (kinds.positives == 0),
+        "length_penalty/pct_all_correct": scored & (kinds.positives == layout.sizes),
+        "length_penalty/pct_mixed": scored & (kinds.positives > 0) & (kinds.positives < layout.sizes),
+        "length_penalty/pct_unscorable": kinds.missing,
+    }
+    rows = [values.index_select(0, layout.gid) for values in weights(torch.stack(list(per_group.values())))]
     return {
         "length_penalty/env_reward_mean": rewards,
-        "length_penalty/reward_delta_mean": (final - rewards).nan_to_num(0.0) * processed,
-        "length_penalty/wiped_correct_frac": (positive & (final <= 0)).double(),
-        "length_penalty/adjusted_frac": ((final != rewards) & processed).double(),
-        "length_penalty/skipped_non_binary_frac": rows(enabled & kinds.non_binary & scored),
-        "length_penalty/invalid_metadata_frac": rows(invalid),
-        "length_penalty/pct_all_wrong": rows(scored & (kinds.positives == 0)),
-        "length_penalty/pct_all_correct": rows(scored & (kinds.positives == layout.sizes)),
-        "length_penalty/pct_mixed": rows(scored & (kinds.positives > 0) & (kinds.positives < layout.sizes)),
-        "length_penalty/pct_unscorable": rows(kinds.missing),
+        "length_penalty/reward_delta_mean": (final - rewards).nan_to_num(0.0).mul_(weights(processed)),
+        "length_penalty/wiped_correct_frac": weights(positive & (final <= 0)),
+        "length_penalty/adjusted_frac": weights((final != rewards) & processed),
+        **dict(zip(per_group, rows, strict=True)),
     }
 
 
@@ -326,8 +336,8 @@ def apply_length_penalties(
         processed = layout.unpack([part.processed for part in parts])
         shaped = layout.unpack([part.shaped for part in parts])
         result = torch.where(processed, shaped.to(env.dtype), env)
-        _warn(config, params, kinds, shaped_groups, meta, "bands" in needs)
-        invalid = torch.stack([meta.invalid[key] for key in METADATA_KEYS]).any(0) & shaped_groups
+        invalid = row_any(torch.stack([meta.invalid[key] for key in METADATA_KEYS])) & shaped_groups
+        _warn(config, params, kinds, shaped_groups, meta, "bands" in needs, invalid)
         positive = layout.unpack([part.positive for part in parts])
         metrics = _row_metrics(
             env, result.double(), processed, positive, layout, kinds, params["enabled"], invalid

@@ -10,7 +10,6 @@ give the same numbers by construction.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -19,9 +18,9 @@ from .batch import RolloutBatch
 from .coefficient import LengthCoefficientResult, apply_length_coefficient, finite_number
 from .config import LengthShapingConfig
 from .correctness import GroupKinds, classify_groups
-from .groups import GroupLayout
+from .groups import GroupLayout, all_set, weights
 from .metrics import mean_metrics
-from .normalization import GroupNormalization, group_advantages, nonzero_std_keep_mask
+from .normalization import GroupNormalization, advantages_and_keep
 from .penalties import LengthPenaltyResult, apply_length_penalties
 from .schedule import config_at, schedule_metrics
 from .threads import single_threaded
@@ -63,27 +62,36 @@ class ShapingResult:
 
 
 def _coefficient(
-    batch: RolloutBatch, config: LengthShapingConfig, kinds: GroupKinds, shaped: torch.Tensor, coeff: float
+    batch: RolloutBatch,
+    config: LengthShapingConfig,
+    kinds: GroupKinds,
+    host_rows: torch.Tensor,
+    shaped: torch.Tensor,
+    coeff: float,
 ) -> LengthCoefficientResult:
-    """§3.1 on the rows of binary groups; other groups keep multiplier 1 (one warning, one metric)."""
+    """§3.1 on the rows of binary groups; the others (``host_rows``) keep multiplier 1 (one warning, one
+    metric)."""
     if batch.loss_lengths is None:
         raise ValueError(
             "the length coefficient needs loss_lengths (the loss-mask token count of each rollout)"
         )
-    layout = batch.layout
-    skipped_rows = (~kinds.binary)[layout.gid]
-    if bool(skipped_rows.any()):
+    if not all_set(kinds.binary):
         config.warn_once(
             ("coefficient_skipped",),
             "length_penalty_coeff: groups with a missing or non-binary correctness reward are left to the "
             "host's own advantages, counted in length_penalty/coeff_skipped_frac "
             "(docs/reference/length-coefficient.md §3.1)",
         )
-        correctness = batch.rewards.double().masked_fill(skipped_rows, torch.nan)
+        correctness = batch.rewards.double().masked_fill(host_rows, torch.nan)
     else:
         correctness = batch.rewards.double()
     return apply_length_coefficient(
-        shaped, batch.loss_lengths, layout, coeff, config.length_penalty_min_tokens, correctness=correctness
+        shaped,
+        batch.loss_lengths,
+        batch.layout,
+        coeff,
+        config.length_penalty_min_tokens,
+        correctness=correctness,
     )
 
 
@@ -112,31 +120,31 @@ def shape_rollouts(
         truncation = apply_truncation(batch, config.penalties)  # before the binary check (§2.19)
         if truncation is not None:
             batch = truncation.batch
-        kinds = classify_groups(layout, batch.rewards.double(), batch.multi_component)
-        result = ShapingResult(layout, batch.rewards.double(), raw, raw, (~kinds.binary)[layout.gid])
+        correctness = batch.rewards.double()
+        kinds = classify_groups(layout, correctness, batch.multi_component)
+        result = ShapingResult(layout, correctness, raw, raw, (~kinds.binary)[layout.gid])
         if truncation is not None:
             result.row_metrics.update(truncation.row_metrics)
-            result.loss_keep = None if bool(truncation.keep.all()) else truncation.keep
+            result.loss_keep = None if all_set(truncation.keep) else truncation.keep
         if config.penalties_on:
             result.penalties = apply_length_penalties(batch, stepped.penalties, kinds)
             result.rewards = result.penalties.rewards.double()
             result.row_metrics.update(result.penalties.row_metrics)
         if config.coefficient_on:
             value = stepped.length_penalty_coeff if coeff is None else coeff
-            result.coefficient = _coefficient(batch, stepped, kinds, result.rewards, value)
+            result.coefficient = _coefficient(batch, stepped, kinds, result.host_rows, result.rewards, value)
             result.rewards = result.coefficient.rewards.double()
             result.row_metrics.update(result.coefficient.row_metrics())
-            result.row_metrics["length_penalty/coeff_skipped_frac"] = result.host_rows.double()
+            result.row_metrics["length_penalty/coeff_skipped_frac"] = weights(result.host_rows)
         base = raw if batch.base_rewards is None else batch.base_rewards
         result.totals = base + shaping_weight * (result.rewards - raw).nan_to_num(0.0)
-        if config.coefficient_on and normalization is not None:
-            plain = dataclasses.asdict(normalization)
-            result.advantages = group_advantages(
-                result.totals, batch.rewards.double(), layout, **plain, plain_rows=result.host_rows
+        normalized = normalization if config.coefficient_on else None
+        if normalized is not None or config.drop_zero_std_groups:
+            result.advantages, result.keep = advantages_and_keep(
+                result.totals, correctness, layout, normalized, result.host_rows, config.drop_zero_std_groups
             )
-        if config.drop_zero_std_groups:
-            result.keep = nonzero_std_keep_mask(result.totals, batch.rewards.double(), layout)
-            result.row_metrics["length_penalty/zero_std_filtered_frac"] = (~result.keep).double()
+        if result.keep is not None:
+            result.row_metrics["length_penalty/zero_std_filtered_frac"] = weights(~result.keep)
         for name, value in schedule_metrics(config, step).items():
             result.row_metrics[name] = torch.full_like(raw, value)
     return result

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 
 import torch
 
 from .agents import AgentParams
 from .fields import CHANNELS
-from .groups import Bucket, row_count, row_min_max, row_pick, row_sorted
+from .groups import Bucket, any_set, row_any, row_count, row_min_max, row_pick, row_sorted
 
 
 @dataclass
@@ -38,7 +39,7 @@ class GroupView:
     @functools.cached_property
     def shaped_groups(self) -> torch.Tensor:
         """(Gb,) the groups being shaped."""
-        return self.processed.any(0)
+        return row_any(self.processed)
 
     @functools.cached_property
     def n_positive(self) -> torch.Tensor:
@@ -53,7 +54,7 @@ class GroupView:
         """§2.7: the positive reward at index max(0, int(n_pos * top_percentile) - 1) sorted descending."""
         lowest, highest = row_min_max(self.rewards, self.eligible)
         varied = lowest < highest
-        if not bool(varied.any()):
+        if not any_set(varied):
             return highest
         descending = ((self.n_positive * self.p("top_percentile")).floor().long() - 1).clamp(min=0)
         picked = row_pick(row_sorted(self.rewards, self.eligible), self.n_positive - 1 - descending)
@@ -67,9 +68,13 @@ class GroupView:
     def p(self, name: str) -> torch.Tensor:
         return self.bucket.take(self.params[name])
 
-    def on(self, name: str) -> bool:
-        """Whether a group of this bucket sets the parameter above 0."""
-        return bool((self.p(name) > 0).any())
+    def on(self, *names: str) -> bool:
+        """Whether a group of this bucket sets each of these parameters above 0 (read from the agents' own
+        values when they agree, so a batch of one agent compares no tensor)."""
+        agreed = self.params.agree(names)
+        if agreed is not None:
+            return agreed
+        return any_set(functools.reduce(operator.and_, (self.p(name) > 0 for name in names)))
 
     def channels_on(self, template: str) -> list[str]:
         """The channels (reasoning, answer, total order) whose ``template.format(channel)`` is on."""

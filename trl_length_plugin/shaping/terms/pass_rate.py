@@ -34,9 +34,9 @@ def pass_rate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
 
     from ..groups import row_count, row_max, weights
 
-    weight = view.p("pass_rate_length_penalty_weight")
-    if not bool((weight > 0).any()):
+    if not view.on("pass_rate_length_penalty_weight"):
         return {}
+    weight = view.p("pass_rate_length_penalty_weight")
     total = view.lengths["total"]
     rho = view.n_positive.double() / row_count(view.bucket.valid).double()
     longest = row_max(total, view.positive)

@@ -50,8 +50,8 @@ def profiled_thresholds(params: AgentParams, meta: GroupMetadata) -> dict[str, t
 def profiled(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     from ..groups import weights
 
-    penalty = view.p("profiled_length_penalty")
-    if not bool((penalty > 0).any()):
+    if not view.on("profiled_length_penalty"):
         return {}
+    penalty = view.p("profiled_length_penalty")
     hit = view.processed & (view.lengths["total"] >= inputs.prepared["threshold"]) & (inputs.adjustment >= 0)
     return {"profiled": weights(hit).mul_(-penalty)}

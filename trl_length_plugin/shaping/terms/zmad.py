@@ -41,9 +41,7 @@ def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     from ..groups import row_count, row_padded, sorted_median, sorted_slots, weights
 
     channels = [
-        channel
-        for channel in CHANNELS
-        if bool(((view.p(f"{channel}_zmad_threshold") > 0) & (view.p(f"{channel}_zmad_penalty") > 0)).any())
+        channel for channel in CHANNELS if view.on(f"{channel}_zmad_threshold", f"{channel}_zmad_penalty")
     ]
     if not channels:
         return {}
@@ -55,12 +53,13 @@ def zmad(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     count = row_count(member)
     x = view.stacked_lengths(channels)
     padded = row_padded(x, member)  # non-members BIG: sorted last
-    median = sorted_median(sorted_slots(padded.clone()), count)
-    # members: x - median; non-members stay BIG (a median is at most 2**53, far below BIG's spacing), so the
-    # deviations sort as padded values too (in a group without members nothing is read)
-    deviation = padded - median
+    ordered = sorted_slots(padded.clone())
+    median = sorted_median(ordered, count)
+    # the members' distances to the median in sorted order fall, then rise; the non-members stay BIG (a
+    # median is at most 2**53, far below BIG's spacing) and last (in a group without members nothing is read)
+    mad = sorted_median(sorted_slots(ordered.sub_(median).abs_(), bitonic=True), count)
+    deviation = padded.sub_(median)  # each row's own, in place of its padded length
     above = deviation > 0  # z > threshold > 0 needs it; then |z| is z
-    mad = sorted_median(sorted_slots(deviation.abs_().clone()), count)
     usable = (mad != 0) & (mad / median.clamp(min=1e-9) >= ZMAD_MIN_RELATIVE_MAD)
     z = deviation.mul_(ZMAD_SCALE).div_(torch.where(usable, mad, 1.0))
     flagged = weights(member & usable & above & (z > threshold)).mul_(-penalty)
