@@ -53,7 +53,6 @@ from .threads import single_threaded
 
 _BAND_KEYS = frozenset(BAND_CHANNELS)
 _INVALID = object()  # a malformed entry
-_PLAIN = {int, float}
 
 
 @dataclass
@@ -204,6 +203,18 @@ def _profile(rewards: Any, lengths: Any) -> np.ndarray | None | object:
 
 
 # -- bulk conversion ----------------------------------------------------------------------------------------
+def _only(values: list[Any], *kinds: type) -> bool:
+    """Whether each value's type is exactly one of ``kinds`` (a bool is not an int): one C-level pass for the
+    types, one count per kind (about 1.5x faster than a set of the types)."""
+    types = list(map(type, values))
+    remaining = len(types)
+    for kind in kinds:
+        remaining -= types.count(kind)
+        if not remaining:
+            break
+    return not remaining
+
+
 def _given(items: list[Any]) -> np.ndarray:
     """(n,) flags: the item is not None (by identity: items may be numpy arrays), one byte per flag at C
     speed."""
@@ -220,7 +231,7 @@ def _get(mapping: Any, key: str) -> Any:
 def _columns(items: list[Any], keys: tuple[str, ...]) -> list[list[Any]]:
     """Per key, ``item.get(key)`` of each item (None stays None, a non-mapping gives ``_INVALID``); one
     C-level ``map`` per key when every item is a dict."""
-    if set(map(type, items)) <= {dict}:
+    if _only(items, dict):
         return [list(map(dict.get, items, repeat(key))) for key in keys]
     return [[_get(item, key) for item in items] for key in keys]
 
@@ -240,7 +251,7 @@ def _integers(values: list[Any]) -> np.ndarray | None:
 
 def _plain_numbers(values: list[Any]) -> np.ndarray | None:
     """Values that are all plain ints or floats (no bool) as float64; None for anything else."""
-    if not set(map(type, values)) <= _PLAIN:
+    if not _only(values, int, float):
         return None
     converted = _integers(values)
     if converted is None:
@@ -260,9 +271,9 @@ def _channel_bands(blocks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     if not flags.any():
         return values, bad
     present, given_blocks = np.flatnonzero(flags), blocks if flags.all() else list(compress(blocks, flags))
-    if set(map(type, given_blocks)) <= {dict}:
+    if _only(given_blocks, dict):
         fields = list(chain.from_iterable(map(dict.get, given_blocks, repeat(key)) for key in "abf"))
-        if set(map(type, fields)) <= _PLAIN:  # no bool, string, array or missing value
+        if _only(fields, int, float):  # no bool, string, array or missing value
             try:
                 given = np.frombuffer(struct.pack(f"{len(fields)}d", *fields), dtype=np.float64)
             except (
@@ -288,7 +299,7 @@ def _channel_bands(blocks: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 def _flat_profiles(rewards: list[Any], lengths: list[Any], present: np.ndarray) -> tuple | None:
     """The bulk path of :func:`_profiles` for lists of plain numbers; None when it does not apply."""
-    if not set(map(type, rewards)) | set(map(type, lengths)) <= {list, tuple}:
+    if not (_only(rewards, list, tuple) and _only(lengths, list, tuple)):
         return None
     sizes = list(map(len, rewards))
     if sizes != list(map(len, lengths)):
@@ -353,7 +364,7 @@ def _targets(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
 def _unknown_channels(blocks: list[Any]) -> np.ndarray:
     """(n,) flags: a band mapping with a key other than the three channel names (dicts and None: one C-level
     pass over the keys when none is unknown)."""
-    plain = set(map(type, blocks)) <= {dict, type(None)}
+    plain = _only(blocks, dict, type(None))
     if plain and set(chain.from_iterable(filter(None, blocks))) <= _BAND_KEYS:  # ({} has no keys anyway)
         return np.zeros(len(blocks), dtype=bool)
     return np.fromiter(
