@@ -18,8 +18,11 @@ docs/reference/length-coefficient.md §3). Integer lengths, groups of 8 and 16. 
    with metadata in the call, with a warm ``MetadataCache`` and without metadata (target of issue 21 against
    64b9fae: at most 0.5x with metadata, at most 1.0x without); and beside them the ``floor``, the few passes
    any implementation needs (rewards, lengths and group ids read once, one segmented reduction, the outputs
-   written), as the step / floor ratio (target: within 10x). Times are CPU times of this one-thread process,
-   so other processes on a shared machine do not count.
+   written), called in the same turns, as the step / floor ratio (target: within 10x). Times are CPU times of
+   this one-thread process, so other processes on a shared machine do not count.
+5. ``parts``: each part of the step as the step calls it (the batch and its layout, the metadata parsing,
+   the classification, the penalties with every term and with each term alone, the coefficient, the
+   advantages, the keep mask), alternated with the floor: where the time goes.
 
 The allocator's state decides whether the engine's temporaries are page-faulted in afresh on every
 call, so ``--allocator`` sets it: ``warm`` (default) as a trainer process has it, after one freed 16 MB
@@ -27,7 +30,7 @@ buffer (``warm_allocator``); ``trl`` after two real GRPO steps of ``LengthPlugin
 embedded model (needs the ``trl`` extra), the state ``warm`` stands for; ``cold`` in an otherwise
 empty process.
 
-    python -m bench.bench_shaping [--sections reference,metadata,threads,base] [--threads 1]
+    python -m bench.bench_shaping [--sections reference,metadata,threads,base,parts] [--threads 1]
         [--sizes 8192,65536,524288] [--allocator warm|trl|cold] [--busy 2] [--base 64b9fae]
 """
 
@@ -287,17 +290,6 @@ def floor(rewards, group_index, reasoning, answer, group_size):
     return advantages, advantages != 0
 
 
-def cpu_time(fn, calls: int) -> float:
-    """Median CPU seconds of ``fn()`` (one thread: its own time, whatever else runs on the machine)."""
-    fn()
-    times = []
-    for _ in range(calls):
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
-
-
 def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
     with tempfile.TemporaryDirectory() as folder:
         base, base_cache = base_engine(commit, Path(folder))
@@ -308,6 +300,7 @@ def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
         for rows in sizes:
             for group_size in (8, 16):
                 *data, metadata = make_batch(rows, group_size)
+                at_floor = partial(floor, *data, group_size)
                 cases = {
                     "metadata in the call": (lambda m=metadata: m, lambda m=metadata: m),
                     "cached metadata": (
@@ -317,29 +310,34 @@ def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
                     "no metadata": (lambda: None, lambda: None),
                 }
                 for label, (ours_meta, base_meta) in cases.items():
-                    ours_times, base_times = [], []
-                    engine(*data, ours_meta()), base(*data, base_meta())  # warm-up
-                    for _ in range(calls):
-                        for fn, meta, times in (
-                            (engine, ours_meta, ours_times),
-                            (base, base_meta, base_times),
-                        ):
-                            start = time.process_time()
-                            fn(*data, meta())
-                            times.append(time.process_time() - start)
-                    median = statistics.median
-                    report(
-                        f"{rows} rows, groups of {group_size}, {label}",
-                        median(ours_times) * 1e3,
-                        median(base_times) * 1e3,
+                    timed = alternated(
+                        [
+                            lambda m=ours_meta, d=data: engine(*d, m()),
+                            lambda m=base_meta, d=data: base(*d, m()),
+                            at_floor,
+                        ],
+                        calls,
                     )
+                    report(f"{rows} rows, groups of {group_size}, {label}", timed[0] * 1e3, timed[1] * 1e3)
                     if label == "no metadata":
-                        floors.append((rows, group_size, median(ours_times)))
-        header("shaping step without metadata vs the floor (target: within 10x)")
-        for rows, group_size, measured in floors:
-            *data, _ = make_batch(rows, group_size)
-            at_floor = cpu_time(lambda data=data, g=group_size: floor(*data, g), calls)
+                        floors.append((rows, group_size, timed[0], timed[2]))
+        header("shaping step without metadata vs the floor, alternated with it (target: within 10x)")
+        for rows, group_size, measured, at_floor in floors:
             report(f"{rows} rows, groups of {group_size}", measured * 1e3, at_floor * 1e3)
+
+
+def alternated(fns: list, calls: int) -> list[float]:
+    """Median CPU seconds of each of ``fns``, called in turn ``calls`` times after one warm-up round (drift
+    of the machine hits them alike)."""
+    times = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    for _ in range(calls):
+        for fn, own in zip(fns, times, strict=True):
+            start = time.process_time()
+            fn()
+            own.append(time.process_time() - start)
+    return [statistics.median(own) for own in times]
 
 
 def parts(rows: int, group_size: int) -> dict:
@@ -384,16 +382,17 @@ def parts(rows: int, group_size: int) -> dict:
 
 
 def parts_section(sizes: list[int], calls: int = 21) -> None:
-    """Each part of the step on its own against the floor of the same batch."""
+    """Each part of the step on its own, alternated with the floor of the same batch."""
     for rows in sizes:
         for group_size in (8, 16):
             header(
                 f"{rows} rows, groups of {group_size}: the parts vs the floor (median CPU time of {calls})"
             )
-            timed = {label: cpu_time(call, calls) for label, call in parts(rows, group_size).items()}
+            timed = parts(rows, group_size)
             at_floor = timed.pop("the floor")
-            for label, measured in timed.items():
-                report(label, measured * 1e3, at_floor * 1e3)
+            for label, call in timed.items():
+                measured, floor_time = alternated([call, at_floor], calls)
+                report(label, measured * 1e3, floor_time * 1e3)
 
 
 def cached_metadata_of(cache_class, metadata: list, group_size: int):
