@@ -22,7 +22,7 @@ docs/reference/length-coefficient.md §3). Integer lengths, groups of 8 and 16. 
    this one-thread process, so other processes on a shared machine do not count.
 5. ``parts``: each part of the step as the step calls it (the batch and its layout, the metadata parsing,
    the classification, the penalties with every term and with each term alone, the coefficient, the
-   advantages, the keep mask), alternated with the floor: where the time goes.
+   advantages with the keep mask), alternated with the floor: where the time goes.
 
 The allocator's state decides whether the engine's temporaries are page-faulted in afresh on every
 call, so ``--allocator`` sets it: ``warm`` (default) as a trainer process has it, after one freed 16 MB
@@ -259,7 +259,10 @@ def base_engine(commit: str, folder: Path):
     package = folder / BASE_PACKAGE
     (folder / "trl_length_plugin").rename(package)
     for source in package.rglob("*.py"):
-        source.write_text(re.sub(r"\btrl_length_plugin\b", BASE_PACKAGE, source.read_text()))
+        text = source.read_text(encoding="utf-8")
+        source.write_text(re.sub(r"\btrl_length_plugin\b", BASE_PACKAGE, text), encoding="utf-8")
+    for name in [name for name in sys.modules if name.split(".")[0] == BASE_PACKAGE]:
+        del sys.modules[name]  # an earlier call's commit
     sys.path.insert(0, str(folder))
     try:
         base = importlib.import_module(f"{BASE_PACKAGE}.shaping")
@@ -346,7 +349,7 @@ def parts(rows: int, group_size: int) -> dict:
     from trl_length_plugin.shaping.coefficient import apply_length_coefficient
     from trl_length_plugin.shaping.correctness import classify_groups
     from trl_length_plugin.shaping.metadata import parse_prompt_metadata
-    from trl_length_plugin.shaping.normalization import group_advantages, nonzero_std_keep_mask
+    from trl_length_plugin.shaping.normalization import advantages_and_keep
     from trl_length_plugin.shaping.penalties import apply_length_penalties
     from trl_length_plugin.shaping.terms import terms
 
@@ -376,8 +379,9 @@ def parts(rows: int, group_size: int) -> dict:
     calls["length coefficient"] = lambda: apply_length_coefficient(
         totals, batch.loss_lengths, batch.layout, COEFF, correctness=batch.rewards
     )
-    calls["group advantages"] = lambda: group_advantages(totals, batch.rewards, batch.layout)
-    calls["zero-std keep mask"] = lambda: nonzero_std_keep_mask(totals, batch.rewards, batch.layout)
+    calls["advantages and keep mask"] = lambda: advantages_and_keep(
+        totals, batch.rewards, batch.layout, TRL_NORMALIZATION, (~kinds.binary)[batch.layout.gid]
+    )
     return calls
 
 

@@ -12,10 +12,12 @@ from bench import bench_shaping as bench
 
 def test_the_base_engine_is_the_commits_own(tmp_path):
     """The commit's package is imported under its own name, so none of its lazy imports (exports,
-    validators) reaches this engine's modules, and this engine's stay where they were."""
+    validators) reaches this engine's modules, and this engine's stay where they were. HEAD's engine gives
+    this tree's numbers (on a clean clone they are the same code; locally an uncommitted change of the
+    engine's numbers shows here)."""
     ours = {name: module for name, module in sys.modules.items() if name.startswith("trl_length_plugin.")}
     run, cache = bench.base_engine("HEAD", tmp_path)
-    assert cache.__module__ == f"{bench.BASE_PACKAGE}.shaping.metadata"
+    assert cache.__module__.startswith(f"{bench.BASE_PACKAGE}.")
     assert all(sys.modules[name] is module for name, module in ours.items())
     rewards, group_index, reasoning, answer, metadata = bench.make_batch(256, 8)
     for meta in (metadata, None):

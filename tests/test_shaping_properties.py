@@ -77,23 +77,28 @@ def test_permuting_rows_within_groups_permutes_the_output(data, config):
 
 @given(
     st.sampled_from([1, 2, 4, 8, 16, 32]).flatmap(
-        lambda width: st.lists(
-            st.tuples(st.lists(st.integers(0, 60), max_size=width), st.integers(0, 60)),
-            min_size=1,
-            max_size=6,
-        ).map(lambda groups: (width, groups))
+        lambda width: st.tuples(
+            st.just(width),
+            st.lists(
+                st.tuples(st.lists(st.integers(0, 60), max_size=width), st.integers(0, 60)),
+                min_size=1,
+                max_size=6,
+            ),
+            st.permutations(range(width)),
+        )
     )
 )
 @SETTINGS
 def test_the_sorting_networks_sort_like_torch_sort(data):
-    """``sorted_slots`` on padded groups, and its bitonic network on the distances of their sorted values to a
-    point (what zMAD's MAD sorts), equal ``torch.sort``."""
+    """``sorted_slots`` on padded groups (members in any slots), and its bitonic network on the distances of
+    their sorted values to a point (what zMAD's MAD sorts), equal ``torch.sort``."""
     from trl_length_plugin.shaping.groups import BIG, sorted_slots
 
-    width, groups = data
+    width, groups, slots = data
     values = torch.full((width, len(groups)), BIG, dtype=torch.float64)
     for g, (members, _) in enumerate(groups):
-        values[: len(members[:width]), g] = torch.tensor(members[:width], dtype=torch.float64)
+        values[: len(members), g] = torch.tensor(members, dtype=torch.float64)
+    values = values[list(slots)]
     ordered = sorted_slots(values.clone())
     assert torch.equal(ordered, torch.sort(values, 0).values)
     point = torch.tensor([float(point) for _, point in groups], dtype=torch.float64)

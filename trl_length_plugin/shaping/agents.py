@@ -49,12 +49,16 @@ class AgentParams:
         return any(switched_on(getattr(p, name)) for p in self.params for name in names)
 
     def agree(self, names: tuple[str, ...]) -> bool | None:
-        """True when every agent sets each of ``names`` above 0, False when none does, None when they differ."""
-        on = {all(getattr(params, name) > 0 for name in names) for params in self.params}
+        """True when every agent sets each of ``names`` above 0, False when none does, None when they differ or
+        a value is not a number (a string key compares by its index, per group)."""
+        values = [[getattr(params, name) for name in names] for params in self.params]
+        if any(isinstance(value, str) for row in values for value in row):
+            return None
+        on = {all(value > 0 for value in row) for row in values}
         return on.pop() if len(on) == 1 else None
 
     def agents_where(self, flags: torch.Tensor) -> list[str]:
         """Names of the agents owning at least one flagged group."""
         if len(self.names) == 1:
-            return self.names if any_set(flags) else []
+            return list(self.names) if any_set(flags) else []
         return [self.names[code] for code in torch.unique(self.codes[flags]).tolist()]

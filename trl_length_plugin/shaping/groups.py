@@ -10,8 +10,9 @@ the slots, and reductions run over dimension 0 (whole contiguous vectors, much f
 reducing many short rows). No loop runs over groups or rows; one runs over buckets.
 
 The ``row_*`` helpers reduce a ``[width, groups]`` matrix over the slots selected by a boolean mask. Their
-loops over the slots (sums, sorting networks, first hits) run numpy's operations on the same memory: the
-same IEEE operations in the same order as torch's, at about a third of torch's cost per call.
+loops over the slots (sums, sorting networks, first hits) run numpy's operations on the same memory, in the
+same order as torch's, at about a third of torch's cost per call (sums and comparisons give the same bits; a
+minimum of ``0.0`` and ``-0.0`` may keep the other zero, which no comparison tells apart).
 Masks are applied arithmetically (``BIG`` stands in for infinity) because ``torch.where`` on boolean
 masks is several times slower than arithmetic on CPU; a boolean mask enters arithmetic through
 ``weights`` (a ``uint8`` view converts about three times faster than ``bool``).
@@ -316,6 +317,7 @@ def sorted_slots(padded: torch.Tensor, bitonic: bool = False) -> torch.Tensor:
     if padded.shape[0] > 16:
         return torch.sort(padded, dim=0).values
     network = (_bitonic_network if bitonic else _sorting_network)(padded.shape[0])
+    padded = padded.contiguous()  # numpy writes through the memory: no slot may alias another
     slots = list(padded.numpy())
     spare = np.empty_like(slots[0])
     for i, j in network:  # in place: the old low slot becomes the spare
