@@ -160,10 +160,10 @@ def step(data: tuple, metadata=lambda: None):
     return lambda: engine(*data, metadata())
 
 
-def cached_metadata(metadata: list, group_size: int):
-    """Per-group parsed metadata from a warm ``MetadataCache`` keyed by prompt, as the trainers look it up
-    (one key per group)."""
-    cache = MetadataCache()
+def cached_metadata(metadata: list, group_size: int, cache_class=MetadataCache):
+    """Per-group parsed metadata from a warm ``cache_class`` (an engine's ``MetadataCache``) keyed by prompt,
+    as the trainers look it up (one key per group)."""
+    cache = cache_class()
     keys = list(range(len(metadata) // group_size))
     cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])  # first sight: parsed
     return lambda: cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])
@@ -308,7 +308,7 @@ def base_section(sizes: list[int], commit: str, calls: int = 21) -> None:
                     "metadata in the call": (lambda m=metadata: m, lambda m=metadata: m),
                     "cached metadata": (
                         cached_metadata(metadata, group_size),
-                        cached_metadata_of(base_cache, metadata, group_size),
+                        cached_metadata(metadata, group_size, base_cache),
                     ),
                     "no metadata": (lambda: None, lambda: None),
                 }
@@ -397,14 +397,6 @@ def parts_section(sizes: list[int], calls: int = 21) -> None:
             for label, call in timed.items():
                 measured, floor_time = alternated([call, at_floor], calls)
                 report(label, measured * 1e3, floor_time * 1e3)
-
-
-def cached_metadata_of(cache_class, metadata: list, group_size: int):
-    """``cached_metadata`` with another engine's ``MetadataCache``."""
-    cache = cache_class()
-    keys = list(range(len(metadata) // group_size))
-    cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])
-    return lambda: cache.lookup(keys, lambda new: [metadata[key * group_size] for key in new])
 
 
 def main() -> None:

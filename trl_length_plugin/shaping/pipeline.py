@@ -17,8 +17,8 @@ import torch
 from .batch import RolloutBatch
 from .coefficient import LengthCoefficientResult, apply_length_coefficient, finite_number
 from .config import LengthShapingConfig
-from .correctness import GroupKinds, classify_groups
-from .groups import GroupLayout, all_set, weights
+from .correctness import classify_groups
+from .groups import GroupLayout, all_set, any_set, weights
 from .metrics import mean_metrics
 from .normalization import GroupNormalization, advantages_and_keep
 from .penalties import LengthPenaltyResult, apply_length_penalties
@@ -64,7 +64,6 @@ class ShapingResult:
 def _coefficient(
     batch: RolloutBatch,
     config: LengthShapingConfig,
-    kinds: GroupKinds,
     host_rows: torch.Tensor,
     shaped: torch.Tensor,
     coeff: float,
@@ -75,7 +74,7 @@ def _coefficient(
         raise ValueError(
             "the length coefficient needs loss_lengths (the loss-mask token count of each rollout)"
         )
-    if not all_set(kinds.binary):
+    if any_set(host_rows):
         config.warn_once(
             ("coefficient_skipped",),
             "length_penalty_coeff: groups with a missing or non-binary correctness reward are left to the "
@@ -132,7 +131,7 @@ def shape_rollouts(
             result.row_metrics.update(result.penalties.row_metrics)
         if config.coefficient_on:
             value = stepped.length_penalty_coeff if coeff is None else coeff
-            result.coefficient = _coefficient(batch, stepped, kinds, result.host_rows, result.rewards, value)
+            result.coefficient = _coefficient(batch, stepped, result.host_rows, result.rewards, value)
             result.rewards = result.coefficient.rewards.double()
             result.row_metrics.update(result.coefficient.row_metrics())
             result.row_metrics["length_penalty/coeff_skipped_frac"] = weights(result.host_rows)
