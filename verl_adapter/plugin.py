@@ -4,7 +4,8 @@ It imports nothing of verl's and registers lazily (docs/reference/product.md §1
 registering modules is imported right after verl itself has imported the verl module it registers with
 (``REGISTRATIONS``), so a process pays for the plugin only where verl loads that part itself (the trainer
 in the TaskRunner, the losses in the actor workers), and a bare ``import verl`` stays as cheap as without
-the plugin (``bench/bench_verl_import.py``).
+the plugin (``bench/bench_verl_import.py``). It also makes verl's TRL probe answer whether TRL has the class verl
+imports after asking (``host_patches.install``: verl beside TRL 1.16, docs/verl.md).
 
 verl swallows plugin import errors at debug level, so a failure in a registering module is logged at ERROR
 level with the traceback, kept in ``LOAD_ERRORS`` of that process, and fails closed there: a verl trainer
@@ -15,10 +16,12 @@ only a worker imports (the losses) fails in that worker, when verl imports the m
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import logging
 import sys
+from collections.abc import Callable
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -100,12 +103,12 @@ def register_with(verl_module: str) -> None:
             logger.error("trl-length-plugin: could not guard verl's trainers: %r", err)
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Finds a module of ``REGISTRATIONS`` with the other finders and runs :func:`register_with` right after
-    its loader has executed it (the module object and its loader stay verl's own)."""
+class _RunAfterImport(importlib.abc.MetaPathFinder):
+    """Finds a module of ``_AFTER_IMPORT`` with the other finders and runs its callbacks right after its loader
+    has executed it (the module object and its loader stay the host's own)."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in REGISTRATIONS or fullname in _REGISTERED:
+        if fullname not in _AFTER_IMPORT:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -120,21 +123,42 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
         if exec_module is None:
             return None
 
-        def exec_then_register(module):
+        def exec_then_run(module):
             exec_module(module)
-            register_with(fullname)
+            for callback in _AFTER_IMPORT.pop(fullname, ()):
+                callback()
 
-        loader.exec_module = exec_then_register
+        loader.exec_module = exec_then_run
         return spec
 
 
+#: module -> what runs right after it is imported (once)
+_AFTER_IMPORT: dict[str, list[Callable[[], None]]] = {}
+
+
+def after_import(module: str, callback: Callable[[], None]) -> None:
+    """Run ``callback`` right after ``module`` is imported in this process, or now when it already is."""
+    if module in sys.modules:
+        callback()
+        return
+    if not any(isinstance(finder, _RunAfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RunAfterImport())
+    _AFTER_IMPORT.setdefault(module, []).append(callback)
+
+
 def install() -> None:
-    """Register now with the verl modules already imported, and right after import with the others."""
-    if not any(isinstance(finder, _RegisterAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport())
+    """Patch what verl needs patched (``host_patches``); register now with the verl modules already imported,
+    and right after import with the others."""
+    from verl_adapter import host_patches
+
+    try:
+        host_patches.install()
+    except Exception as err:  # noqa: BLE001 - verl swallows entry-point errors: reported loudly here
+        LOAD_ERRORS["verl_adapter.host_patches"] = err
+        logger.error("trl-length-plugin: %s", err)
     for verl_module in REGISTRATIONS:
-        if verl_module in sys.modules:
-            register_with(verl_module)
+        if verl_module not in _REGISTERED:
+            after_import(verl_module, functools.partial(register_with, verl_module))
 
 
 install()

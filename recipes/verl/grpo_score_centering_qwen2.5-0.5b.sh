@@ -11,6 +11,8 @@
 # Data, once (verl's docs; from a verl checkout):
 #   python3 examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
 # Run:   bash recipes/verl/grpo_score_centering_qwen2.5-0.5b.sh [extra Hydra overrides]
+# First, on a laptop's CPU (2 steps through verl's own trainer on the embedded model, about two minutes;
+# docs/verl.md, "Try your config on a laptop"):   trl-length verl-smoke recipes/verl/grpo_score_centering_qwen2.5-0.5b.sh [extra overrides]
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from packaging.version import Version
 
 from trl_length_plugin._optional import require
+from trl_length_plugin.vllm_cpu import check_cpu_dispatch
 
 #: the TRL release this integration was written and tested against, and the range it accepts
 BUILT_FOR_TRL = "1.16.0"
@@ -54,8 +55,7 @@ VLLM_GENERATION_ATTRIBUTES = ("mode", "logprobs", "generation_kwargs", "tensor_p
 VLLM_MODE_ATTRIBUTES = {"colocate": ("llm",), "server": ("vllm_client",)}
 VLLM_GENERATE = ("self", "prompts", "images", "num_generations", "profiler")
 TRL_HELPERS = ("FusedCausalLMOutput", "maybe_gather_lm_head_ctx", "pad", "add_fused_lm_head")
-#: vLLM's CPU GEMM dispatch the colocated CPU engine is made to skip, and the flat logprobs it is given
-VLLM_CPU_DISPATCH = ("layer", "remove_weight")
+#: the flat logprobs the colocated engine is given
 FLAT_LOGPROBS_FIELDS = ("start_indices", "end_indices", "token_ids", "logprobs", "ranks", "decoded_tokens")
 #: the tuple ``GRPOTrainer._generate`` returns; the integration reads ``tool_mask``
 GENERATE_OUTPUT = (
@@ -154,14 +154,10 @@ def check_vllm_host() -> None:
         problems.append(f"VLLMGeneration.generate no longer takes {VLLM_GENERATE}")
     try:
         from vllm.logprobs import FlatLogprobs
-        from vllm.model_executor.layers import utils
     except ImportError as err:
         problems.append(f"vLLM's internals moved ({err})")
     else:
-        if _parameters(getattr(utils, "dispatch_cpu_unquantized_gemm", None)) != VLLM_CPU_DISPATCH:
-            problems.append(
-                "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer, remove_weight) changed"
-            )
+        problems += filter(None, [check_cpu_dispatch()])
         if tuple(getattr(FlatLogprobs, "__dataclass_fields__", {})) != FLAT_LOGPROBS_FIELDS:
             problems.append(f"vllm.logprobs.FlatLogprobs no longer has the fields {FLAT_LOGPROBS_FIELDS}")
     if problems:

@@ -23,6 +23,7 @@ from trl_length_plugin.trl_integration.config import LengthPluginGRPOConfig
 from trl_length_plugin.trl_integration.length_shaping import LengthShapingMixin
 from trl_length_plugin.trl_integration.model_card import add_length_control, trainer_card, write_card
 from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin
+from trl_length_plugin.vllm_cpu import keep_plain_cpu_linears
 
 
 class LengthPluginGRPOTrainer(LengthShapingMixin, ScoreCenteringMixin, GRPOTrainer):
@@ -90,7 +91,7 @@ class LengthPluginGRPOTrainer(LengthShapingMixin, ScoreCenteringMixin, GRPOTrain
             yield
             return
         _host.check_vllm_host()
-        vllm_topk.keep_plain_cpu_linears()
+        keep_plain_cpu_linears()
         plan = self._score_plan
         extra = vllm_topk.colocate_engine_kwargs(args.vllm_engine_kwargs or {}, plan.top_k if plan else 0)
         with vllm_topk.engine_kwargs(extra):

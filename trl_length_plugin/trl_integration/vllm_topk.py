@@ -5,8 +5,6 @@ checked in ``_host.py``.
 - :func:`engine_kwargs`: TRL builds the colocated ``LLM(...)`` itself with fixed arguments; while
   ``GRPOTrainer.__init__`` runs, the name it calls is replaced by a partial adding the plugin's engine
   arguments (``max_logprobs`` >= K, ``vllm_engine_kwargs``).
-- :func:`keep_plain_cpu_linears`: vLLM's CPU backend repacks Linear weights and drops ``layer.weight``, so
-  TRL's weight sync into a colocated CPU engine fails; the engine is made to keep plain linear weights.
 - :class:`TopkCapture`: wraps the colocated engine's ``generate`` (extract each completion's head from the
   raw ``FlatLogprobs`` with the core extractors, then leave only the sampled token's own logprob, chosen by
   id, where TRL reads entry 0) and ``VLLMGeneration.generate`` (collect this rank's heads; in server mode
@@ -54,25 +52,6 @@ def colocate_engine_kwargs(user: dict[str, Any], top_k: int) -> dict[str, Any]:
             user.get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
         )
     return extra
-
-
-def keep_plain_cpu_linears() -> None:
-    """On vLLM's CPU platform, make engines keep plain linear weights (``F.linear`` on ``layer.weight``) so
-    TRL's ``load_weights`` updates what the engine computes with (idempotent)."""
-    from vllm.model_executor.layers import utils
-    from vllm.platforms import current_platform
-
-    original = utils.dispatch_cpu_unquantized_gemm
-    if not current_platform.is_cpu() or getattr(original, "keeps_plain_linears", False):
-        return
-
-    def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
-        if layer.weight.ndim != 2 or layer.weight.is_meta:
-            return original(layer, remove_weight)
-        layer.cpu_linear = torch.nn.functional.linear
-
-    dispatch.keeps_plain_linears = True
-    utils.dispatch_cpu_unquantized_gemm = dispatch
 
 
 def _sampled_only(output: Any, sampled: torch.Tensor) -> Any:

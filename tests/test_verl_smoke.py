@@ -1,0 +1,155 @@
+"""``trl-length verl-smoke``'s parts that need no training run (the runs: ``tests/test_verl_e2e_*.py``): what it
+replaces and keeps, the first error line of a failed run's output, config errors in one line before Ray starts,
+and the end of a run's process session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trl_length_plugin.recipes import RECIPES_DIR
+from verl_adapter.check import recipe_overrides
+from verl_adapter.smoke import cpu_overrides, end_session, first_error, screen, session_processes, verdict
+
+RECIPES = RECIPES_DIR / "verl"
+REPO = Path(__file__).resolve().parents[1]
+
+#: the end of a failed run's output, as Ray prints it (colour codes included)
+RAY_FAILURE = """\
+\x1b[36m(TaskRunnerV1 pid=3781)\x1b[0m WARNING:2026-12-04 05:05:31:Triton is installed, but doesn't include CPU backend.
+\x1b[36m(RewardLoopWorker pid=4410)\x1b[0m Traceback (most recent call last):
+\x1b[36m(RewardLoopWorker pid=4410)\x1b[0m   File "/tmp/bad_reward.py", line 2, in compute_score
+\x1b[36m(RewardLoopWorker pid=4410)\x1b[0m RuntimeError: planted error in the reward
+Traceback (most recent call last):
+  File "main_ppo.py", line 90, in run_ppo
+ray.exceptions.RayTaskError(RuntimeError): ray::TaskRunnerV1.run() (pid=3781, ip=10.0.0.1)
+RuntimeError: planted error in the reward
+"""
+
+
+#: a worker's error that reaches the driver only through Ray's wrappers
+RAY_WRAPPED = """\
+Error executing job with overrides: ['algorithm.adv_estimator=grpo']
+Traceback (most recent call last):
+  File "main_ppo.py", line 93, in run_ppo
+    raise value.as_instanceof_cause()
+ray.exceptions.RayTaskError(MissingMandatoryValue): \x1b[36mray::TaskRunnerV1.run()\x1b[39m (pid=13586, ip=192.0.2.2)
+  File "trainer_base.py", line 329, in _setup
+ray.exceptions.RayTaskError(MissingMandatoryValue): \x1b[36mray::WorkerDict.actor_rollout_init_model()\x1b[39m (pid=14121, ip=1)
+  File "basecontainer.py", line 96, in _resolve_with_default
+    raise MissingMandatoryValue("Missing mandatory value: $FULL_KEY")
+omegaconf.errors.MissingMandatoryValue: Missing mandatory value: actor_rollout_ref.rollout.name
+    full_key: actor_rollout_ref.rollout.name
+"""
+
+
+def test_first_error_is_the_workers_exception_line():
+    lines = RAY_FAILURE.splitlines()
+    assert first_error(lines) == "RewardLoopWorker pid=4410: RuntimeError: planted error in the reward"
+    assert first_error(RAY_WRAPPED.splitlines()) == (
+        "WorkerDict.actor_rollout_init_model pid=14121: omegaconf.errors.MissingMandatoryValue: "
+        "Missing mandatory value: actor_rollout_ref.rollout.name"
+    )
+    assert (
+        first_error(["Traceback (most recent call last):", "  x", "ValueError: bad"])
+        == "driver: ValueError: bad"
+    )
+    assert first_error(["all fine", "UserWarning: not an error line"]) is None
+
+
+def test_cpu_overrides_keep_every_algorithm_loss_and_plugin_key(tmp_path):
+    user = recipe_overrides(RECIPES / "grpo_score_centering_qwen2.5-0.5b.sh", [])
+    replaced = cpu_overrides(user, 3, tmp_path / "model", tmp_path)
+    keys = {o.lstrip("+").split("=", 1)[0] for o in replaced.overrides}
+    kept = [
+        o.lstrip("+").split("=", 1)[0] for o in user if o.lstrip("+").startswith(("algorithm.", "score_"))
+    ]
+    kept += ["actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.rollout.n"]
+    assert kept and not keys & set(kept)
+    assert "++trainer.total_training_steps=3" in replaced.overrides
+    assert f"++actor_rollout_ref.model.path={tmp_path / 'model'}" in replaced.overrides
+    assert (tmp_path / "data" / "train.parquet").is_file()
+    assert any(note.startswith("data.train_files=") for note in replaced.notes)
+
+
+def test_local_data_and_reward_function_are_kept(tmp_path):
+    train, reward = tmp_path / "train.parquet", tmp_path / "reward.py"
+    train.write_text(""), reward.write_text("")
+    user = [
+        f"data.train_files={train}",
+        f"data.val_files={train}",
+        f"reward.custom_reward_function.path={reward}",
+    ]
+    keys = {o.lstrip("+").split("=", 1)[0] for o in cpu_overrides(user, 2, tmp_path, tmp_path).overrides}
+    assert not keys & {"data.train_files", "data.val_files", "reward.custom_reward_function.path"}
+
+
+def test_verdict_needs_every_step_finite_with_the_plugins_metrics():
+    good = {"actor/pg_loss": 0.1, "actor/grad_norm": 1.0, "length_penalty/adjusted_frac": 0.5}
+    assert verdict({1: good, 2: good}, 2, plugin_expected=True) is None
+    assert "expected 1-2" in verdict({1: good}, 2, plugin_expected=True)
+    assert "grad_norm" in verdict({1: good, 2: {**good, "actor/grad_norm": float("nan")}}, 2, True)
+    plain = {"actor/pg_loss": 0.1, "actor/grad_norm": 1.0}
+    assert "plugin" in verdict({1: plain}, 1, plugin_expected=True)
+    assert verdict({1: plain}, 1, plugin_expected=False) is None
+    table = screen({1: good})
+    assert table[0].split() == ["step", "adjusted", "pg_loss", "grad_norm"] and table[1].split()[0] == "1"
+
+
+def run_smoke(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "trl_length_plugin.commands", "verl-smoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+
+
+def test_a_bad_plugin_key_is_one_line_before_ray_starts():
+    done = run_smoke(str(RECIPES / "luspo_qwen2.5-0.5b.sh"), "+length_penalty_coef=0.5")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"trl-length verl-smoke: error: {RECIPES / 'luspo_qwen2.5-0.5b.sh'}: length_penalty_coef: unknown "
+        "trl-length-plugin key; did you mean 'length_penalty_coeff'?"
+    ]
+    assert "Ray" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--model", "/nonexistent"],
+            "--model: /nonexistent is not a local model folder (no config.json); use embedded",
+        ),
+        (["missing.sh"], "missing.sh: no such recipe script"),
+    ],
+)
+def test_bad_command_lines_are_one_line(args, message):
+    done = run_smoke(*args)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"trl-length verl-smoke: error: {message}"]
+
+
+def test_end_session_ends_every_process_of_the_session():
+    """A session whose leader and children ignore SIGTERM: all ended (SIGKILL after the grace period)."""
+    script = "import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    script += "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+    script += "signal.SIG_IGN); time.sleep(60)'])\ntime.sleep(60)\n"
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(session_processes(leader.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(session_processes(leader.pid)) == 2
+    end_session(leader.pid, grace_s=0.5)
+    leader.wait(timeout=10)
+    assert session_processes(leader.pid) == []
+    assert leader.returncode == -signal.SIGKILL
