@@ -81,3 +81,24 @@ def test_every_internal_patched_has_the_parameters_named():
         "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm": utils.dispatch_cpu_unquantized_gemm,
     }.items():
         assert host_patches.checked(name, function) is function
+
+
+def test_the_cpu_platform_answers_what_verl_asks():
+    """In a process loaded as ``trl-length verl-smoke`` loads verl's (``cpu_platform.ENV``): verl's own device
+    helpers on the ``cpu`` platform, and the process-group patch applied when verl imports its module."""
+    from verl_adapter.cpu_platform import ENV
+
+    code = (
+        "import torch, verl\n"
+        "from verl.utils.device import get_device_id, get_device_name, get_nccl_backend, get_torch_device\n"
+        "from verl.plugin.platform import get_platform\n"
+        "from verl.utils import distributed\n"
+        "device = get_torch_device()\n"
+        "print(type(get_platform()).__name__, torch.device(get_device_id()), get_device_name(), get_nccl_backend())\n"
+        "print(device.mem_get_info()[1] > 0, device.memory_allocated(), device.is_available(), device.device_count())\n"
+        "print(distributed.initialize_global_process_group_ray.cpu_backend)\n"
+    )
+    env = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-4:] == ["PlatformCPU cpu cpu gloo", "True 0 True 1", "True", ""]

@@ -14,8 +14,17 @@ from pathlib import Path
 import pytest
 
 from trl_length_plugin.recipes import RECIPES_DIR
+from verl_adapter import smoke
 from verl_adapter.check import recipe_overrides
-from verl_adapter.smoke import cpu_overrides, end_session, first_error, screen, session_processes, verdict
+from verl_adapter.smoke import (
+    cpu_overrides,
+    end_session,
+    first_error,
+    screen,
+    session_processes,
+    train,
+    verdict,
+)
 
 RECIPES = RECIPES_DIR / "verl"
 REPO = Path(__file__).resolve().parents[1]
@@ -153,3 +162,44 @@ def test_end_session_ends_every_process_of_the_session():
     leader.wait(timeout=10)
     assert session_processes(leader.pid) == []
     assert leader.returncode == -signal.SIGKILL
+
+
+#: a run whose worker failed and that then hangs, as verl's driver did after a vLLM worker died
+HANGS_AFTER_AN_ERROR = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+    "print('(vLLMHttpServer pid=77) Traceback (most recent call last):', flush=True)\n"
+    "print('(vLLMHttpServer pid=77)   File \"x.py\", line 1', flush=True)\n"
+    "print('(vLLMHttpServer pid=77) AttributeError: weight_loader', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_run_stalled_after_a_worker_error_ends_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(smoke, "STALL_AFTER_ERROR_S", 2.0)
+    started = time.monotonic()
+    outcome = train([sys.executable, "-c", HANGS_AFTER_AN_ERROR], tmp_path, 60, 2, say=lambda line: None)
+    assert time.monotonic() - started < 30
+    assert outcome.code == 1
+    assert outcome.error == "vLLMHttpServer pid=77: AttributeError: weight_loader (the run stalled after it)"
+    assert not processes_in(tmp_path)
+
+
+def test_a_run_past_its_limit_is_ended(tmp_path):
+    outcome = train(
+        [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path, 2, 2, say=lambda line: None
+    )
+    assert outcome.code == 124 and outcome.error.startswith("timed out after 2 s")
+
+
+def processes_in(run_dir: Path) -> list[int]:
+    """Processes still running from ``run_dir`` (the run's working directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "cwd") == str(run_dir):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

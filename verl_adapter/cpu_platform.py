@@ -140,4 +140,15 @@ class PlatformCPU(PlatformBase):
         return None
 
 
+def check_platform_interface() -> None:
+    """verl's ``PlatformBase`` asks nothing this platform lacks (a newer verl may add abstract methods)."""
+    missing = sorted(PlatformCPU.__abstractmethods__)
+    if missing:
+        raise host_patches.VerlHostError(
+            f"verl_adapter.cpu_platform: verl's PlatformBase now also asks for {', '.join(missing)}; "
+            f"this CPU platform was written for verl 0.9.1"
+        )
+
+
+check_platform_interface()
 host_patches.install_cpu()

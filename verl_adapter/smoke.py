@@ -392,16 +392,17 @@ class Outcome:
     seconds: float
 
 
-def train(overrides: list[str], run_dir: Path, timeout_s: float, steps: int, say=print) -> Outcome:
-    """``python -m verl.trainer.main_ppo OVERRIDES`` in its own process session, ended (every process of the
-    session, the weight segments it left) however it ends."""
+def train(command: list[str], run_dir: Path, timeout_s: float, steps: int, say=print) -> Outcome:
+    """``command`` (``python -m verl.trainer.main_ppo OVERRIDES``) in its own process session, ended (every process
+    of the session, the weight segments it left) however it ends: finished, failed, stalled, timed out, Ctrl-C
+    or SIGTERM."""
     log_path, metrics_path = run_dir / "main_ppo.log", run_dir / "metrics.jsonl"
     segments = weight_segments()
     start = time.monotonic()
     error, code = None, 1
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", ENTRY, *overrides],
+            command,
             cwd=run_dir,
             env=run_env(run_dir),
             stdin=subprocess.DEVNULL,
@@ -412,7 +413,7 @@ def train(overrides: list[str], run_dir: Path, timeout_s: float, steps: int, say
     try:
         error, code = _watch(process, log_path, metrics_path, start, timeout_s, steps, say)
     except KeyboardInterrupt:
-        error, code = "interrupted (Ctrl-C)", 130
+        error, code = "interrupted (Ctrl-C or SIGTERM)", 130
     finally:
         end_session(process.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -498,7 +499,8 @@ def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> i
         say(
             f"[{PROG}] training {args.steps} step(s) through python -m {ENTRY} (log: {run_dir / 'main_ppo.log'})"
         )
-        outcome = train([*user, *cpu.overrides], run_dir, args.timeout, args.steps, say)
+        command = [sys.executable, "-m", ENTRY, *user, *cpu.overrides]
+        outcome = train(command, run_dir, args.timeout, args.steps, say)
         for line in screen(outcome.metrics) + summary_lines(
             outcome.log.read_text(errors="replace").splitlines()
         ):
@@ -538,8 +540,22 @@ def main(argv: list[str] | None = None) -> None:
     except (CheckError, SmokeConfigError) as err:
         print(f"{PROG}: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
-    codes = [smoke(user, known, label) for label, user in configs]
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed command still ends its run's session
+    codes = []
+    try:
+        for label, user in configs:
+            one = argparse.Namespace(**vars(known))
+            if known.run_dir is not None and len(configs) > 1:
+                one.run_dir = known.run_dir / Path(label).stem
+            codes.append(smoke(user, one, label))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        raise SystemExit(1) from None
     raise SystemExit(max(codes))
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
