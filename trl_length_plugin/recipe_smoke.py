@@ -1,0 +1,179 @@
+"""``trl-length recipe-smoke [NAME ...] [--model smollm2|embedded|PATH] [--steps N]``: each shipped TRL recipe
+(all of them without a NAME) trained N steps (default 1) on this CPU through ``trl-length-grpo``, on a real
+pretrained chat model by default (docs/embedded.md, "A real chat model").
+
+Only the model, the dataset (the embedded task stays; a Hub dataset becomes a GSM8K-format sample this project
+writes, ``tasks.gsm8k_sample``), precision, vLLM's CPU settings and batch/length sizes are replaced; every
+algorithm key is kept. Each run passes when it exits 0, its log rows hold the plugin's metrics and they are
+finite, the model card is written, and (score centering) the head mass is in (0, 1.0001]; a LUSPO recipe logs its
+settings line instead of metrics. One line per recipe
+with its wall time, then PASS or FAIL; exit code 0, or 1 when a recipe failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from trl_length_plugin.plugin_keys import KEY_FAMILIES
+from trl_length_plugin.recipes import trl_recipes
+
+PROG = "trl-length recipe-smoke"
+#: recipes that read per-prompt data made by ``trl-length profile`` first (docs/profiles.md)
+NEEDS_PROFILES = ("profiled_cpu", "target_length_cpu")
+#: the sizes of a CPU run: 2 groups of 4 completions of up to 48 tokens a step
+SIZES = {
+    "num_generations": "4",
+    "per_device_train_batch_size": "8",
+    "gradient_accumulation_steps": "1",
+    "max_completion_length": "48",
+    "dataset_size": "16",
+}
+#: what a CPU run sets whatever the recipe says
+CPU = {"use_cpu": "true", "bf16": "false", "gradient_checkpointing": "false", "report_to": "none",
+       "logging_steps": "1", "save_strategy": "no"}  # fmt: skip
+VLLM_CPU = {
+    "vllm_mode": "colocate",
+    "vllm_engine_kwargs": json.dumps({"dtype": "float32", "enforce_eager": True}),
+    "vllm_max_model_length": "512",
+}
+PLUGIN_PREFIXES = ("length_penalty/", "length_schedule/", "score_centering/", "luspo/")
+
+
+def model_folder(model: str) -> Path:
+    if model == "smollm2":
+        from trl_length_plugin.embedded.real_model import real_model_dir
+
+        return real_model_dir("smollm2-135m-instruct")
+    if model == "embedded":
+        from trl_length_plugin.embedded import embedded_model_dir
+
+        return embedded_model_dir()
+    return Path(model)
+
+
+def recipe_flags(recipe: dict, model: Path, data: Path, steps: int, output: Path) -> list[str]:
+    """The flags that turn ``recipe`` into a CPU run of ``steps`` steps on ``model``."""
+    values = {
+        "model_name_or_path": str(model),
+        **CPU,
+        **SIZES,
+        "max_steps": str(steps),
+        "output_dir": str(output),
+    }
+    if recipe.get("dataset_name") != "embedded":
+        values["dataset_name"] = str(data)
+    if recipe.get("use_vllm"):
+        values.update(VLLM_CPU)
+    return [item for key, value in values.items() for item in (f"--{key}", value)]
+
+
+def _number(value):
+    """A logged value as a float where it is one (transformers prints some as strings: ``'0.1234'``)."""
+    try:
+        return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else value
+    except ValueError:
+        return value
+
+
+def log_rows(stdout: str) -> list[dict]:
+    """The Trainer's printed log rows (``{'loss': ..., ...}``), numbers as floats."""
+    rows = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                rows.append({key: _number(value) for key, value in ast.literal_eval(line).items()})
+            except (ValueError, SyntaxError, AttributeError):
+                continue
+    return rows
+
+
+def problems(done: subprocess.CompletedProcess, output: Path, recipe: dict) -> list[str]:
+    """What keeps a finished run from passing: a recipe that shapes or centers must log the plugin's metrics, one
+    with ``luspo`` its settings line (TRL computes LUSPO's loss, the plugin adds no metric); every logged number
+    finite."""
+    if done.returncode != 0:
+        last = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
+        return [f"exit code {done.returncode}: {last[0]}"]
+    found = []
+    rows = [row for row in log_rows(done.stdout) if "loss" in row]
+    if not rows:
+        return ["no log row"]
+    plugin = {k: v for row in rows for k, v in row.items() if k.startswith(PLUGIN_PREFIXES)}
+    if any(str(key).startswith(KEY_FAMILIES) for key in recipe) and not plugin:
+        found.append("no plugin metric in the log rows")
+    if recipe.get("luspo") and "LUSPO (docs/reference/luspo.md §4)" not in done.stderr:
+        found.append("no LUSPO settings line")
+    numbers = {k: v for row in rows for k, v in row.items() if isinstance(v, float)}
+    found += [f"{k}={v}" for k, v in numbers.items() if not math.isfinite(v)]
+    if not (output / "README.md").is_file():
+        found.append("no model card")
+    if recipe.get("score_centering"):
+        masses = [row["score_centering/head_mass"] for row in rows if "score_centering/head_mass" in row]
+        if not masses or not all(0 < m <= 1.0001 for m in masses):
+            found.append(f"score_centering/head_mass {masses}")
+    return found
+
+
+def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root: Path) -> tuple[bool, str]:
+    recipe = yaml.safe_load(path.read_text())
+    output = root / name
+    command = [sys.executable, "-m", "trl_length_plugin.cli", "--config", f"recipe:{name}"]
+    command += recipe_flags(recipe, model, data, steps, output)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
+    seconds = time.monotonic() - started
+    found = problems(done, output, recipe)
+    verdict = "PASS" if not found else "FAIL: " + "; ".join(found)
+    return not found, f"{name:<28} {seconds:6.0f} s  {verdict}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument("names", nargs="*", help="recipes (default: every shipped TRL recipe)")
+    parser.add_argument(
+        "--model", default="smollm2", help="smollm2 (default), embedded or a local model folder"
+    )
+    parser.add_argument("--steps", type=int, default=1)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    recipes = trl_recipes()
+    unknown = [name for name in args.names if name not in recipes]
+    if unknown:
+        parser.error(f"no recipe named {', '.join(unknown)}; `trl-length recipes` lists them")
+    names = args.names or [name for name in recipes if name not in NEEDS_PROFILES]
+    try:
+        model = model_folder(args.model)
+    except (ImportError, ValueError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from trl_length_plugin.trl_integration.tasks import gsm8k_sample
+
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="recipe-smoke-") as folder:
+        root = Path(folder)
+        data = root / "gsm8k_sample.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in gsm8k_sample(64)))
+        print(f"[{PROG}] {len(names)} recipe(s) on {model}, {args.steps} step(s) each", flush=True)
+        for name in names:
+            passed, line = run_recipe(name, recipes[name], model, data, args.steps, root)
+            failed += not passed
+            print(line, flush=True)
+    if args.names == [] and NEEDS_PROFILES:
+        print(f"[{PROG}] not run: {', '.join(NEEDS_PROFILES)} (they read `trl-length profile` output first)")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
