@@ -87,6 +87,14 @@ def test_cpu_overrides_keep_every_algorithm_loss_and_plugin_key(tmp_path):
     assert any(note.startswith("data.train_files=") for note in replaced.notes)
 
 
+def test_the_response_fits_the_users_length_limits(tmp_path):
+    coefficient = recipe_overrides(RECIPES / "grpo_length_coeff_qwen2.5-0.5b.sh", [])  # floor of 64 tokens
+    assert "++data.max_response_length=80" in cpu_overrides(coefficient, 2, tmp_path, tmp_path).overrides
+    overlong = ["+length_penalty.default.overlong_max_length=100"]
+    assert "++data.max_response_length=100" in cpu_overrides(overlong, 2, tmp_path, tmp_path).overrides
+    assert "++data.max_response_length=48" in cpu_overrides([], 2, tmp_path, tmp_path).overrides
+
+
 def test_local_data_and_reward_function_are_kept(tmp_path):
     train, reward = tmp_path / "train.parquet", tmp_path / "reward.py"
     train.write_text(""), reward.write_text("")

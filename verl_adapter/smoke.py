@@ -1,4 +1,4 @@
-"""``trl-length verl-smoke [RECIPE.sh ...] [OVERRIDES ...] [--steps N] [--model embedded|PATH]``: a verl
+"""``trl-length verl-smoke [RECIPE.sh ...] [OVERRIDES ...] [--steps N] [--model embedded|smollm2|PATH]``: a verl
 configuration trained for a few steps through ``verl.trainer.main_ppo`` on this machine's CPU (docs/verl.md,
 "Try your config on a laptop").
 
@@ -62,7 +62,7 @@ class SmokeConfigError(Exception):
 
 @dataclass
 class Replaced:
-    """The overrides a CPU run adds, and the user's values they replace (for the report)."""
+    """The overrides a CPU run adds, and a note per group of keys they replace (the command's first line)."""
 
     overrides: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -124,15 +124,34 @@ def write_embedded_data(folder: Path) -> tuple[Path, Path]:
 
 
 def model_path(model: str) -> Path:
-    """``embedded``: the pinned warm model of the embedded reasoning task (docs/embedded.md); else a local folder."""
+    """``embedded``: the pinned warm model of the embedded reasoning task; ``smollm2``: the real chat model a
+    package ships (docs/embedded.md); else a local folder."""
     if model == "embedded":
         from trl_length_plugin.embedded import embedded_model_dir
 
         return embedded_model_dir(warm_start=True, task="reasoning")
+    if model == "smollm2":
+        from trl_length_plugin.embedded import real_model_dir
+
+        try:
+            return real_model_dir("smollm2-135m-instruct")
+        except ImportError as err:
+            raise SmokeConfigError(f"--model smollm2: {err}") from None
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
         raise SmokeConfigError(f"--model: {model} is not a local model folder (no config.json); use embedded")
     return path.resolve()
+
+
+def response_length(user: list[str]) -> int:
+    """``MAX_RESPONSE_LENGTH``, or more where the user's length limits need it: a length limit must fit in the
+    response (the coefficient's floor below it, the overlong maximum within it)."""
+    needs = [MAX_RESPONSE_LENGTH]
+    for key, margin in (("length_penalty_min_tokens", 16), ("length_penalty.default.overlong_max_length", 0)):
+        value = _user_value(user, key)
+        if value is not None and value.isdigit():
+            needs.append(int(value) + margin)
+    return max(needs)
 
 
 def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path) -> Replaced:
@@ -150,7 +169,7 @@ def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path) -> Re
         out.set("reward.custom_reward_function.name", "compute_score")
     out.set("data.train_batch_size", PROMPTS_PER_STEP, "batch sizes")
     out.set("data.max_prompt_length", MAX_PROMPT_LENGTH, "lengths")
-    out.set("data.max_response_length", MAX_RESPONSE_LENGTH)
+    out.set("data.max_response_length", response_length(user))
     out.set("data.dataloader_num_workers", 0)
     out.set("actor_rollout_ref.actor.ppo_mini_batch_size", PROMPTS_PER_STEP)
     for key in (
@@ -456,7 +475,9 @@ def _watch(process, log_path: Path, metrics_path: Path, start: float, timeout_s:
 def parse_args(argv: list[str]) -> tuple[list[Path], list[str], argparse.Namespace]:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
-    parser.add_argument("--model", default="embedded", help="embedded (default) or a local model folder")
+    parser.add_argument(
+        "--model", default="embedded", help="embedded (default), smollm2 or a local model folder"
+    )
     parser.add_argument(
         "--timeout", type=float, default=900, help="hard limit of the run in seconds (default 900)"
     )
@@ -477,9 +498,8 @@ def plugin_used(overrides: list[str]) -> bool:
     from verl_adapter.keys import is_plugin_key
 
     added = {o.lstrip("+").split("=", 1)[0].split(".", 1)[0] for o in overrides if o.startswith("+")}
-    return any(is_plugin_key(key) for key in added) or _user_value(
-        overrides, "actor_rollout_ref.actor.policy_loss.loss_mode"
-    ) in ("luspo",)
+    loss_mode = _user_value(overrides, "actor_rollout_ref.actor.policy_loss.loss_mode")
+    return any(is_plugin_key(key) for key in added) or loss_mode == "luspo"
 
 
 def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> int:
