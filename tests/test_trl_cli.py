@@ -135,6 +135,37 @@ PRE_IMPORT = {
             "length_penalty.default.group_totl_length_penalty_coeff: unknown key (did you mean 'group_total_length_penalty_coeff'?)"
         ],
     ),
+    # issue 31: a stage the loader would refuse as a base configuration; numbers beyond their range
+    "schedule stage past a band bound": (
+        lambda p: [
+            "--length_penalty",
+            '{"profile_band": {"enabled": true, "defaults": {"total": {"a": 100, "b": 200, "f": 0.5}}}}',
+            "--length_schedule",
+            '[{"key": "length_penalty.profile_band.defaults.total.a", "stages": [{"until_step": 5, "value": 300}]}]',
+        ],
+        [
+            "length_schedule.0.stages.0: the config of step 0 is refused",
+            "profile_band.defaults.total",
+            "b > a",
+        ],
+    ),
+    "schedule stage below the overlong buffer": (
+        lambda p: [
+            "--length_penalty",
+            '{"default": {"overlong_max_length": 4096, "overlong_buffer": 512}}',
+            "--length_schedule",
+            '[{"key": "length_penalty.default.overlong_max_length", "stages": [{"until_step": 5, "value": 256}]}]',
+        ],
+        ["length_schedule.0.stages.0", "length_penalty.default.overlong_buffer"],
+    ),
+    "float key beyond its range": (
+        lambda p: [
+            "--length_penalty",
+            '{"default": {"target_length": "exact", "target_length_alpha": 1e308}}',
+        ],
+        ["length_penalty.default.target_length_alpha: Input should be less than or equal to 1000000"],
+    ),
+    "coefficient beyond its range": (lambda p: ["--length_penalty_coeff", "1e308"], ["length_penalty_coeff"]),
     "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
     "valid keys, then TRL missing": (
         lambda p: ["--config", "recipe:coefficient_cpu"],

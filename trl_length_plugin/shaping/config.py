@@ -34,12 +34,11 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from .fields import BAND_CHANNELS, Count, NonNegative, Number, _not_bool
+from .fields import BAND_CHANNELS, MAX_LENGTH, Count, NonNegative, Number, _not_bool
 from .terms import on_change, switched_on, switches_reading, term_fields, terms
 
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
-MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
 BandBound = Annotated[float, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]  # a length (§2.12)
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
@@ -424,7 +423,8 @@ def scheduled_leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, st
 def check_schedule(config: LengthShapingConfig) -> None:
     """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
     a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
-    accepts, ramps only on float keys, each key once and not both scheduled and warmed up."""
+    accepts, ramps only on float keys, each key once and not both scheduled and warmed up; then the
+    configuration of every stage, by the base configuration's rules (``schedule.check_stage_configs``)."""
     seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
     for index, schedule in enumerate(config.length_schedule):
         prefix = f"length_schedule.{index}.key: {schedule.key}"
@@ -458,6 +458,9 @@ def check_schedule(config: LengthShapingConfig) -> None:
                     raise ValueError(
                         f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
                     ) from None
+    from .schedule import check_stage_configs  # the schedule module builds on this one
+
+    check_stage_configs(config)
 
 
 class LengthShapingConfig(_WarnOnce, BaseModel):

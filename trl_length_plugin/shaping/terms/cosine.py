@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..fields import CHANNELS, Channel, Count, Number
+from ..fields import CHANNELS, Bounded, Channel, Count
 from . import REWARD, Parameter, register_term
 
 if TYPE_CHECKING:
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 
 PARAMETERS = {
     "cosine_max_length": Parameter(Count, 0, "L_max, the length where progress reaches 1; 0 is off (§2.18)"),
-    "cosine_min_value_wrong": Parameter(Number, -1.0, "a wrong rollout's reward at progress 1 (§2.18)"),
-    "cosine_max_value_wrong": Parameter(Number, -0.5, "a wrong rollout's reward at progress 0 (§2.18)"),
-    "cosine_min_value_correct": Parameter(Number, 0.5, "a correct rollout's reward at progress 1 (§2.18)"),
-    "cosine_max_value_correct": Parameter(Number, 1.0, "a correct rollout's reward at progress 0 (§2.18)"),
+    "cosine_min_value_wrong": Parameter(Bounded, -1.0, "a wrong rollout's reward at progress 1 (§2.18)"),
+    "cosine_max_value_wrong": Parameter(Bounded, -0.5, "a wrong rollout's reward at progress 0 (§2.18)"),
+    "cosine_min_value_correct": Parameter(Bounded, 0.5, "a correct rollout's reward at progress 1 (§2.18)"),
+    "cosine_max_value_correct": Parameter(Bounded, 1.0, "a correct rollout's reward at progress 0 (§2.18)"),
     "cosine_channel": Parameter(
         Channel, "total", "the length channel progress is measured on (§2.5)", CHANNELS
     ),
