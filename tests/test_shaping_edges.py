@@ -6,11 +6,20 @@ devices are checked with named errors."""
 from __future__ import annotations
 
 import logging
+import math
 
+import numpy as np
 import pytest
 import torch
 
-from trl_length_plugin.shaping import LengthConfigError, RolloutBatch, load_shaping_config, shape_rollouts
+from trl_length_plugin.shaping import (
+    LengthConfigError,
+    RolloutBatch,
+    add_target_lengths,
+    load_shaping_config,
+    prompt_with_target,
+    shape_rollouts,
+)
 from trl_length_plugin.shaping.config import LengthPenaltyParams, LengthShapingConfig, _unwrapped
 from trl_length_plugin.shaping.fields import MAX_LENGTH, MAX_WEIGHT
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
@@ -110,3 +119,68 @@ def test_keys_at_the_ends_of_their_ranges_shape_finite_numbers(sign, dtype):
     for numbers in (result.rewards, result.totals, result.advantages):
         assert torch.isfinite(numbers).all(), numbers
     assert torch.isfinite(result.rewards.to(dtype)).all()
+
+
+# -- targets and the prompt column (docs/reference/length-penalties.md §2.20) ---------------------------------
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0, -3, 0.0, True, "120", 2.0**60])
+def test_prompt_with_target_refuses_what_add_target_lengths_refuses(bad):
+    with pytest.raises(ValueError, match=r"^prompt_with_target: target_length must be") as err:
+        prompt_with_target("Add 2 and 3.", bad)
+    with pytest.raises(ValueError) as by_dataset:
+        add_target_lengths([{"prompt": "Add 2 and 3."}], targets=[bad])
+    assert str(err.value).removeprefix("prompt_with_target") == str(by_dataset.value).removeprefix("row 0")
+
+
+def test_a_row_without_the_prompt_column_is_a_named_error():
+    with pytest.raises(ValueError, match=r"^row 1: no 'prompt' column .* the row has 'question'"):
+        add_target_lengths([{"prompt": "a"}, {"question": "b"}], (10, 20))
+    with pytest.raises(ValueError, match=r"^row 0: no 'query' column"):
+        add_target_lengths([{"prompt": "a"}], targets=[12], prompt_column="query")
+
+
+def test_nothing_to_take_targets_from_is_an_error():
+    import datasets
+
+    rows = [{"prompt": "a"}, {"prompt": "b"}]
+    for dataset in (rows, datasets.Dataset.from_list(rows)):
+        with pytest.raises(ValueError, match="no target_length column to take targets from"):
+            add_target_lengths(dataset)
+    assert add_target_lengths([{"prompt": "a", "target_length": None}]) == [
+        {"prompt": "a", "target_length": None}
+    ]
+
+
+# -- a batch's flags and devices (docs/reference/length-penalties.md §2.5) ----------------------------------
+@pytest.mark.parametrize("name", ["truncated", "multi_component"])
+@pytest.mark.parametrize(
+    "flags",
+    [[1, 0, 0, 1], [0.5, 0.0, 0.0, 1.0], ["no", "yes", "no", "no"], [True, None, False, True],
+     torch.tensor([1, 0, 0, 1]), np.array([2, 0, 0, 0])],
+)  # fmt: skip
+def test_flags_that_are_not_booleans_are_refused(name, flags):
+    with pytest.raises(ValueError, match=rf"^{name} must be booleans, one per row"):
+        RolloutBatch(rewards=[1.0, 0.0, 1.0, 1.0], group_index=[0] * 4, **{name: flags})
+
+
+@pytest.mark.parametrize("flags", [[True, False, False, True], np.array([1, 0, 0, 1], dtype=bool),
+                                   torch.tensor([True, False, False, True])])  # fmt: skip
+def test_boolean_flags_are_taken(flags):
+    batch = RolloutBatch(rewards=[1.0, 0.0, 1.0, 1.0], group_index=[0] * 4, truncated=flags)
+    assert batch.truncated.tolist() == [True, False, False, True]
+
+
+@pytest.mark.parametrize(
+    "name", ["rewards", "group_index", "answer_lengths", "loss_lengths", "base_rewards", "truncated"]
+)
+def test_a_meta_tensor_is_a_named_error(name):
+    values = {
+        "rewards": torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        "group_index": torch.tensor([0, 0, 0, 0]),
+        "answer_lengths": torch.tensor([3.0, 4.0, 5.0, 6.0]),
+        "loss_lengths": torch.tensor([3.0, 4.0, 5.0, 6.0]),
+        "base_rewards": torch.tensor([1.0, 0.0, 1.0, 1.0]),
+        "truncated": torch.tensor([False] * 4),
+    }
+    values[name] = values[name].to("meta")
+    with pytest.raises(ValueError, match=rf"^{name} is a meta tensor \(no values\)"):
+        RolloutBatch(**values)

@@ -17,15 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .groups import GroupLayout
+from .groups import GroupLayout, on_cpu
 from .metadata import MAX_LENGTH, PromptMetadata, parse_prompt_metadata
 from .threads import single_threaded
 
 
 def as_float_tensor(values: Any, name: str) -> torch.Tensor:
     """A 1-D floating tensor; a floating tensor keeps its dtype, anything else becomes float64."""
+    if isinstance(values, torch.Tensor):
+        values = on_cpu(values.detach(), name)
     if isinstance(values, torch.Tensor) and values.is_floating_point():
-        tensor = values.detach()
+        tensor = values
     else:
         try:
             source = values if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.float64)
@@ -50,6 +52,24 @@ def checked_lengths(values: Any, name: str, rows: int) -> torch.Tensor:
     if not valid_lengths(lengths):
         raise ValueError(f"{name} must be finite, >= 0 and at most 2**53")
     return lengths
+
+
+def checked_flags(values: Any, name: str, rows: int) -> torch.Tensor:
+    """One boolean per row (a bool tensor or array, or Python or numpy bools), or a ValueError naming
+    ``name``: 0/1, strings and None are not flags (``"no"`` would read as true)."""
+    if isinstance(values, torch.Tensor):
+        flags, kind = on_cpu(values, name), values.dtype
+    else:
+        try:
+            array = np.asarray(values)
+        except ValueError as err:
+            raise ValueError(f"{name} must be booleans, one per row ({err})") from None
+        flags, kind = (torch.from_numpy(array) if array.dtype == bool else None), array.dtype
+    if flags is None or flags.dtype != torch.bool:
+        raise ValueError(f"{name} must be booleans, one per row, got {kind} values")
+    if flags.dim() != 1 or flags.numel() != rows:
+        raise ValueError(f"{name} must have one flag per row")
+    return flags
 
 
 def _check_agents(agents: Sequence[Any]) -> None:
@@ -114,14 +134,9 @@ class RolloutBatch:
                 raise ValueError(f"metadata has {len(self.metadata)} rows, rewards have {rows}")
         if self.agents is not None:
             _check_agents(self.agents)
-        if self.multi_component is not None:
-            self.multi_component = torch.as_tensor(np.asarray(self.multi_component, dtype=bool))
-            if self.multi_component.numel() != rows:
-                raise ValueError("multi_component must have one flag per row")
-        if self.truncated is not None:
-            self.truncated = torch.as_tensor(np.asarray(self.truncated, dtype=bool))
-            if self.truncated.dim() != 1 or self.truncated.numel() != rows:
-                raise ValueError("truncated must have one flag per row")
+        for name in ("multi_component", "truncated"):
+            if getattr(self, name) is not None:
+                setattr(self, name, checked_flags(getattr(self, name), name, rows))
         if self.layout.num_rows != rows:
             raise ValueError(f"group_index has {self.layout.num_rows} rows, rewards have {rows}")
 
