@@ -184,3 +184,13 @@ def test_a_meta_tensor_is_a_named_error(name):
     values[name] = values[name].to("meta")
     with pytest.raises(ValueError, match=rf"^{name} is a meta tensor \(no values\)"):
         RolloutBatch(**values)
+
+
+def test_a_top_k_beyond_the_captures_int32_ids_is_refused_when_the_config_is_built():
+    from trl_length_plugin.score_centering.config import MAX_TOP_K, load_score_centering_config
+
+    assert load_score_centering_config({"score_centering": True, "score_centering_top_k": MAX_TOP_K})
+    with pytest.raises(
+        ValueError, match=r"^score_centering_top_k: Input should be less than or equal to 2147483647"
+    ):
+        load_score_centering_config({"score_centering": True, "score_centering_top_k": 2**40})

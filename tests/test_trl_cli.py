@@ -166,6 +166,10 @@ PRE_IMPORT = {
         ["length_penalty.default.target_length_alpha: Input should be less than or equal to 1000000"],
     ),
     "coefficient beyond its range": (lambda p: ["--length_penalty_coeff", "1e308"], ["length_penalty_coeff"]),
+    "K beyond the capture's cap": (
+        lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", str(2**40)],
+        ["score_centering_top_k: Input should be less than or equal to 2147483647"],
+    ),
     "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
     "valid keys, then TRL missing": (
         lambda p: ["--config", "recipe:coefficient_cpu"],

@@ -21,6 +21,9 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_v
 from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool, config_error, did_you_mean
 
 Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
+#: the largest K: the capture holds token ids as int32 (``capture.py``), so no vocabulary the engine returns
+#: heads of, and no K, is larger (reference §5.8); checked when the config is built, before the vocabulary
+MAX_TOP_K = 2**31 - 1
 
 
 class ScoreCenteringConfig(BaseModel):
@@ -34,7 +37,7 @@ class ScoreCenteringConfig(BaseModel):
         description="Add the score-centering correction A * C to the loss, from the vLLM sampler's top-k head "
         "(docs/reference/score-centering.md §5). Needs use_vllm.",
     )
-    score_centering_top_k: Count = Field(
+    score_centering_top_k: Annotated[Count, Field(le=MAX_TOP_K)] = Field(
         0, description="K, the candidates captured per generated token (required >= 1 with score_centering)."
     )
     score_centering_importance_sampling: Mode = Field(
