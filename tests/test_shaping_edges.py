@@ -154,16 +154,17 @@ def test_nothing_to_take_targets_from_is_an_error():
 @pytest.mark.parametrize("name", ["truncated", "multi_component"])
 @pytest.mark.parametrize(
     "flags",
-    [[1, 0, 0, 1], [0.5, 0.0, 0.0, 1.0], ["no", "yes", "no", "no"], [True, None, False, True],
-     torch.tensor([1, 0, 0, 1]), np.array([2, 0, 0, 0])],
+    [[2, 0, 0, 1], [0.5, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0], ["no", "yes", "no", "no"], [True, None, False, True],
+     torch.tensor([1.0, 0, 0, 1]), np.array([2, 0, 0, 0]), [[True], [False, True], [True], [True]]],
 )  # fmt: skip
 def test_flags_that_are_not_booleans_are_refused(name, flags):
-    with pytest.raises(ValueError, match=rf"^{name} must be booleans, one per row"):
+    with pytest.raises(ValueError, match=rf"^{name} must be booleans \(or 0 and 1\), one per row"):
         RolloutBatch(rewards=[1.0, 0.0, 1.0, 1.0], group_index=[0] * 4, **{name: flags})
 
 
 @pytest.mark.parametrize("flags", [[True, False, False, True], np.array([1, 0, 0, 1], dtype=bool),
-                                   torch.tensor([True, False, False, True])])  # fmt: skip
+                                   torch.tensor([True, False, False, True]), [1, 0, 0, 1],
+                                   torch.tensor([1, 0, 0, 1])])  # fmt: skip
 def test_boolean_flags_are_taken(flags):
     batch = RolloutBatch(rewards=[1.0, 0.0, 1.0, 1.0], group_index=[0] * 4, truncated=flags)
     assert batch.truncated.tolist() == [True, False, False, True]

@@ -55,21 +55,25 @@ def checked_lengths(values: Any, name: str, rows: int) -> torch.Tensor:
 
 
 def checked_flags(values: Any, name: str, rows: int) -> torch.Tensor:
-    """One boolean per row (a bool tensor or array, or Python or numpy bools), or a ValueError naming
-    ``name``: 0/1, strings and None are not flags (``"no"`` would read as true)."""
+    """One boolean per row (booleans, or integers 0 and 1, as a list, array or tensor), or a ValueError
+    naming ``name``: fractions, other integers, strings and None are not flags (``"no"`` would read as
+    true)."""
+    refused = f"{name} must be booleans (or 0 and 1), one per row, got"
     if isinstance(values, torch.Tensor):
-        flags, kind = on_cpu(values, name), values.dtype
+        values = on_cpu(values, name)
+        if values.is_floating_point() or values.is_complex():
+            raise ValueError(f"{refused} {values.dtype} values")
+        array = values.numpy()
     else:
         try:
             array = np.asarray(values)
-        except ValueError as err:
-            raise ValueError(f"{name} must be booleans, one per row ({err})") from None
-        flags, kind = (torch.from_numpy(array) if array.dtype == bool else None), array.dtype
-    if flags is None or flags.dtype != torch.bool:
-        raise ValueError(f"{name} must be booleans, one per row, got {kind} values")
-    if flags.dim() != 1 or flags.numel() != rows:
+        except ValueError as err:  # ragged
+            raise ValueError(f"{refused} {err}") from None
+    if array.dtype.kind not in "biu" or not np.isin(array, (0, 1)).all():
+        raise ValueError(f"{refused} {array.dtype} values")
+    if array.ndim != 1 or array.size != rows:
         raise ValueError(f"{name} must have one flag per row")
-    return flags
+    return torch.from_numpy(array.astype(bool))
 
 
 def _check_agents(agents: Sequence[Any]) -> None:

@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from .fields import BAND_CHANNELS, MAX_LENGTH, Count, NonNegative, Number, _not_bool
-from .terms import on_change, switched_on, switches_reading, term_fields, terms
+from .terms import idle_key_errors, on_change, switched_on, switches_reading, term_fields, terms
 
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
@@ -81,7 +81,8 @@ _SHARED_FIELDS = dict(LengthPenaltyParams.model_fields)
 def term_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
     """The terms' dependent-key errors of one agent's merged parameters, ``key: message``; ``given``: the
     keys ``default`` or the agent's block sets (docs/reference/length-penalties.md §2.17-2.20)."""
-    return [error for term in terms() if term.check is not None for error in term.check(params, given)]
+    checks = [error for term in terms() if term.check is not None for error in term.check(params, given)]
+    return checks + idle_key_errors(params, given)
 
 
 class ProfileBandChannel(BaseModel):
@@ -137,7 +138,9 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
 
     @model_validator(mode="after")
     def _dependent_keys(self) -> LengthPenaltyConfig:
-        """Each agent's merged keys, checked at load by their terms (docs/reference/length-penalties.md §2.17)."""
+        """Each agent's merged keys, checked at load by their terms (docs/reference/length-penalties.md §2.17).
+        A block is judged on the keys it sets itself: an override may switch off a term whose keys
+        ``default`` sets (§2.3)."""
         blocks = {
             "default": self.default,
             **{f"agent_overrides.{k}": o for k, o in (self.agent_overrides or {}).items() if o is not None},
@@ -145,7 +148,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         for path, block in blocks.items():
             merged = self.default.model_dump()
             merged.update(block.model_dump(exclude_unset=True))
-            errors = term_errors(merged, self.default.model_fields_set | block.model_fields_set)
+            errors = term_errors(merged, block.model_fields_set)
             if errors:
                 raise ValueError(f"{path}.{errors[0]}")
         return self
@@ -164,6 +167,18 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return self.default.enabled or any(
             o is not None and "enabled" in o.model_fields_set and o.enabled for o in overrides.values()
         )
+
+    @property
+    def switches_a_term(self) -> bool:
+        """Whether some enabled agent switches a term on, or a global band applies (§2.6, §2.12): a block
+        that does neither changes no reward."""
+        blocks = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
+        switches = [key for term in terms() for key in term.switches]
+        for block in blocks:
+            merged = {**self.default.model_dump(), **block.model_dump(exclude_unset=True)}
+            if merged["enabled"] and any(switched_on(merged[key]) for key in switches):
+                return True
+        return bool(self.global_bands)
 
     @property
     def uses_metadata(self) -> bool:

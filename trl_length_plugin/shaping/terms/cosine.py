@@ -10,8 +10,7 @@ output is the change.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..fields import CHANNELS, Bounded, Channel, Count
 from . import REWARD, Parameter, register_term
@@ -34,15 +33,6 @@ PARAMETERS = {
 }
 
 
-def cosine_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
-    """A ``cosine_*`` key set without ``cosine_max_length``."""
-    if not params["cosine_max_length"] and any(
-        key in given for key in PARAMETERS if key != "cosine_max_length"
-    ):
-        return ["cosine_max_length: needs a value > 0 when a cosine_* key is set"]
-    return []
-
-
 def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``cosine_delta_mean``: the cosine reward minus the correctness, per rollout (§2.18)."""
     return {"length_penalty/cosine_delta_mean": values["cosine"].double()}
@@ -55,7 +45,6 @@ def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     parameters=PARAMETERS,
     switches=("cosine_max_length",),
     metrics=cosine_metrics,
-    check=cosine_errors,
 )
 def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     import torch
