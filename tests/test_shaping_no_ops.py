@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from trl_length_plugin.shaping import LengthConfigError, load_shaping_config
+from trl_length_plugin.shaping.config import length_limit_error
 from trl_length_plugin.shaping.terms import terms
 
 
@@ -81,3 +82,41 @@ def test_an_override_is_judged_on_its_own_keys():
         LengthConfigError, match=r"^length_penalty.agent_overrides.coder.overlong_factor: needs"
     ):
         load_shaping_config({"length_penalty": block})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"length_penalty": {"default": {"overlong_max_length": 600, "overlong_buffer": 100}}},
+            "length_penalty.default.overlong_max_length: 600 is above max_completion_length (512): no rollout "
+            "reaches it",
+        ),
+        (
+            {"length_penalty": {"default": {"total_bonus": 0.1}, "agent_overrides": {"math": {"overlong_max_length": 900, "overlong_buffer": 8}}}},
+            "length_penalty.agent_overrides.math.overlong_max_length: 900 is above max_completion_length (512)",
+        ),
+        (
+            {"length_penalty_coeff": 1.0, "length_penalty_min_tokens": 512},
+            "length_penalty_min_tokens: 512 is at or above max_completion_length (512): no rollout is longer",
+        ),
+    ],
+)  # fmt: skip
+def test_a_length_limit_that_can_never_act_is_named_with_the_hosts_limit(values, message):
+    assert length_limit_error(load_shaping_config(values), 512, "max_completion_length").startswith(message)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"length_penalty": {"default": {"overlong_max_length": 512, "overlong_buffer": 100}}},
+        {"length_penalty": {"default": {"overlong_max_length": 2000, "overlong_buffer": 100, "length_type": "chars"}}},
+        {"length_penalty": {"default": {"overlong_max_length": 2000, "overlong_buffer": 100, "enabled": False},
+                            "agent_overrides": {"math": {"enabled": True, "total_bonus": 0.1, "overlong_max_length": 0}}}},
+        {"length_penalty_coeff": 1.0, "length_penalty_min_tokens": 511},
+    ],
+)  # fmt: skip
+def test_limits_that_can_act_pass(values):
+    config = load_shaping_config(values)
+    assert length_limit_error(config, 512, "max_completion_length") is None
+    assert length_limit_error(config, None, "max_completion_length") is None

@@ -219,6 +219,16 @@ POST_IMPORT = {
         ["luspo: true conflicts", "'dapo'"],
     ),
     "luspo against a flag": ({"luspo": True}, ["--importance_sampling_level", "token"], ["'token'"]),
+    "overlong maximum above max_completion_length": (
+        {"length_penalty": {"default": {"overlong_max_length": 64, "overlong_buffer": 16}}},
+        [],
+        ["length_penalty.default.overlong_max_length: 64 is above max_completion_length (48)"],
+    ),
+    "coefficient floor at max_completion_length": (
+        {"length_penalty_coeff": 1.0, "length_penalty_min_tokens": 48},
+        [],
+        ["length_penalty_min_tokens: 48 is at or above max_completion_length (48)"],
+    ),
     "trainer check: correctness_reward": (
         {"correctness_reward": "nope"},
         [],

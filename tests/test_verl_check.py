@@ -170,6 +170,22 @@ def test_bad_values_are_one_line_each():
     ]
 
 
+def test_an_overlong_maximum_above_the_response_length_is_refused():
+    """Issue 31: a length limit that can never act names both keys (docs/reference/length-penalties.md §2.17)."""
+    overrides = recipe_overrides(RECIPES / "grpo_length_penalty_qwen2.5-0.5b.sh", [])
+    done, _, _ = verl_check(
+        *overrides,
+        "+length_penalty.default.overlong_max_length=2048",
+        "+length_penalty.default.overlong_buffer=256",
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert error_lines(done) == [
+        f"{PROG}invalid length shaping config: length_penalty.default.overlong_max_length: 2048 is above "
+        "data.max_response_length (1024): no rollout reaches it, so the penalty would never reach its maximum; "
+        "set it <= 1024"
+    ]
+
+
 @pytest.mark.parametrize(
     ("command", "message"),
     [

@@ -141,17 +141,23 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         """Each agent's merged keys, checked at load by their terms (docs/reference/length-penalties.md §2.17).
         A block is judged on the keys it sets itself: an override may switch off a term whose keys
         ``default`` sets (§2.3)."""
-        blocks = {
-            "default": self.default,
-            **{f"agent_overrides.{k}": o for k, o in (self.agent_overrides or {}).items() if o is not None},
-        }
-        for path, block in blocks.items():
-            merged = self.default.model_dump()
-            merged.update(block.model_dump(exclude_unset=True))
+        for path, (block, merged) in self.merged_blocks().items():
             errors = term_errors(merged, block.model_fields_set)
             if errors:
                 raise ValueError(f"{path}.{errors[0]}")
         return self
+
+    def merged_blocks(self) -> dict[str, tuple[LengthPenaltyParams, dict[str, Any]]]:
+        """Each block by its key path (``default``, ``agent_overrides.<agent>``), with its keys merged onto
+        ``default``'s (docs/reference/length-penalties.md §2.3)."""
+        blocks = {
+            "default": self.default,
+            **{f"agent_overrides.{k}": o for k, o in (self.agent_overrides or {}).items() if o is not None},
+        }
+        return {
+            path: (block, {**self.default.model_dump(), **block.model_dump(exclude_unset=True)})
+            for path, block in blocks.items()
+        }
 
     @field_validator("reasoning_tags")
     @classmethod
@@ -172,13 +178,11 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
     def switches_a_term(self) -> bool:
         """Whether some enabled agent switches a term on, or a global band applies (§2.6, §2.12): a block
         that does neither changes no reward."""
-        blocks = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
         switches = [key for term in terms() for key in term.switches]
-        for block in blocks:
-            merged = {**self.default.model_dump(), **block.model_dump(exclude_unset=True)}
-            if merged["enabled"] and any(switched_on(merged[key]) for key in switches):
-                return True
-        return bool(self.global_bands)
+        return bool(self.global_bands) or any(
+            merged["enabled"] and any(switched_on(merged[key]) for key in switches)
+            for _, merged in self.merged_blocks().values()
+        )
 
     @property
     def uses_metadata(self) -> bool:
@@ -677,6 +681,31 @@ def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] 
             path, message = f"{path}.{head}", rest
         parts.append(f"{path}: {message}" if path else message)
     return "; ".join(parts)
+
+
+def length_limit_error(config: LengthShapingConfig, limit: Any, limit_key: str) -> str | None:
+    """The first length key that cannot act under the host's longest completion ``limit`` (``limit_key``, in
+    tokens), as one line naming both keys, else None: an ``overlong_max_length`` above it for an agent that
+    counts tokens (no rollout reaches it, docs/reference/length-penalties.md §2.17), a
+    ``length_penalty_min_tokens`` at or above it (every L_ref is then the floor, which no rollout exceeds,
+    docs/reference/length-coefficient.md §3.1). ``limit`` None (unset) checks nothing."""
+    if limit is None or isinstance(limit, bool) or not isinstance(limit, int):
+        return None
+    floor = config.length_penalty_min_tokens
+    if config.coefficient_on and floor >= limit:
+        return (
+            f"length_penalty_min_tokens: {floor} is at or above {limit_key} ({limit}): no rollout is longer than "
+            "the floor, so the coefficient would never act"
+        )
+    block = config.penalties
+    for path, (_, merged) in (block.merged_blocks() if block is not None else {}).items():
+        longest = merged["overlong_max_length"]
+        if merged["enabled"] and merged["length_type"] == "tokens" and longest > limit:
+            return (
+                f"length_penalty.{path}.overlong_max_length: {longest} is above {limit_key} ({limit}): no "
+                f"rollout reaches it, so the penalty would never reach its maximum; set it <= {limit}"
+            )
+    return None
 
 
 class LengthConfigError(ValueError):

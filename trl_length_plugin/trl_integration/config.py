@@ -24,6 +24,7 @@ from trl_length_plugin.shaping.config import (
     LengthConfigError,
     LengthPenaltyConfig,
     LengthShapingConfig,
+    length_limit_error,
     load_shaping_config,
 )
 from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan
@@ -103,6 +104,9 @@ class LengthPluginGRPOConfig(GRPOConfig):
         return self.shaping.length_penalty
 
     def _check_combinations(self) -> None:
+        limit_error = length_limit_error(self.shaping, self.max_completion_length, "max_completion_length")
+        if limit_error is not None:
+            raise ValueError(limit_error)
         if self.shaping.enabled and self.multi_objective_aggregation == "normalize_then_sum":
             raise ValueError(
                 "multi_objective_aggregation: 'normalize_then_sum' cannot be combined with length shaping "
