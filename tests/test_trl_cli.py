@@ -166,6 +166,19 @@ PRE_IMPORT = {
         ["length_penalty.default.target_length_alpha: Input should be less than or equal to 1000000"],
     ),
     "coefficient beyond its range": (lambda p: ["--length_penalty_coeff", "1e308"], ["length_penalty_coeff"]),
+    "JSON key written twice": (
+        lambda p: ["--length_penalty", '{"default": {"total_bonus": 0.1, "total_bonus": 0.2}}'],
+        ["length_penalty: key 'total_bonus' written twice (values 0.1 and 0.2)"],
+    ),
+    "JSON schedule key written twice": (
+        lambda p: [
+            "--length_penalty_coeff",
+            "1.0",
+            "--length_schedule",
+            '[{"key": "length_penalty_coeff", "stages": [{"until_step": 2, "value": 0.5, "value": 5}]}]',
+        ],
+        ["length_schedule: key 'value' written twice (values 0.5 and 5)"],
+    ),
     "K beyond the capture's cap": (
         lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", str(2**40)],
         ["score_centering_top_k: Input should be less than or equal to 2147483647"],
@@ -228,6 +241,11 @@ POST_IMPORT = {
         {"length_penalty_coeff": 1.0, "length_penalty_min_tokens": 48},
         [],
         ["length_penalty_min_tokens: 48 is at or above max_completion_length (48)"],
+    ),
+    "JSON engine kwargs key written twice": (
+        {},
+        ["--vllm_engine_kwargs", '{"max_logprobs": 8, "max_logprobs": 16}'],
+        ["vllm_engine_kwargs: key 'max_logprobs' written twice (values 8 and 16)"],
     ),
     "trainer check: correctness_reward": (
         {"correctness_reward": "nope"},

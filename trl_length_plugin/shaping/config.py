@@ -260,7 +260,8 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
 
 
 class DuplicateKeyError(ValueError):
-    """A YAML mapping writes a key twice (PyYAML would keep the second silently)."""
+    """A YAML mapping or a JSON object writes a key twice (PyYAML and ``json`` would keep the second
+    silently)."""
 
 
 def _unique_key_loader(yaml: Any) -> type:
@@ -312,6 +313,26 @@ def read_yaml(path: Path) -> Any:
         raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key written twice is a ``DuplicateKeyError`` naming both values."""
+    mapping: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in mapping:
+            first, second = json.dumps(mapping[key]), json.dumps(value)
+            raise DuplicateKeyError(f"key {key!r} written twice (values {first} and {second})")
+        mapping[key] = value
+    return mapping
+
+
+def read_json(text: str) -> Any:
+    """The JSON document ``text``; bad JSON, or a key written twice in one object (the ``json`` module keeps
+    the second silently), is a ``ValueError`` naming it, as ``read_yaml`` refuses a YAML key written twice."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON ({err})") from None
+
+
 def block_mapping(value: Any) -> Any:
     """The ``length_penalty`` block from a JSON object string or the path of a YAML file (which may hold
     the block itself or a mapping whose only key is ``length_penalty``); anything else is returned as is."""
@@ -326,10 +347,7 @@ def block_mapping(value: Any) -> Any:
         if isinstance(value, Mapping) and set(value) == {"length_penalty"}:
             value = value["length_penalty"] or {}
     elif isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not valid JSON ({err})") from None
+        value = read_json(value)
     if isinstance(value, BaseModel) and not isinstance(value, LengthPenaltyConfig):
         raise ValueError(f"expected a mapping, got {type(value).__name__}")
     if not isinstance(value, Mapping | LengthPenaltyConfig):
@@ -356,10 +374,7 @@ def _schedule_entries(value: Any) -> Any:
     if value is None:
         return ()
     if isinstance(value, str) and value.strip().startswith("["):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not valid JSON ({err})") from None
+        return read_json(value)
     if isinstance(value, str | Path):
         path = Path(value).expanduser()
         if not path.is_file():
