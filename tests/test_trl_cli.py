@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -178,6 +179,14 @@ PRE_IMPORT = {
             '[{"key": "length_penalty_coeff", "stages": [{"until_step": 2, "value": 0.5, "value": 5}]}]',
         ],
         ["length_schedule: key 'value' written twice (values 0.5 and 5)"],
+    ),
+    "streaming without max_steps": (
+        lambda p: ["--dataset_streaming", "true"],
+        ["dataset_streaming: true needs max_steps > 0", "max_steps=-1"],
+    ),
+    "streaming with max_steps 0 in a recipe": (
+        lambda p: ["--config", yaml_file(p, "dataset_streaming: true\nmax_steps: 0\n")],
+        ["dataset_streaming: true needs max_steps > 0", "max_steps=0"],
     ),
     "K beyond the capture's cap": (
         lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", str(2**40)],
@@ -480,3 +489,24 @@ def test_score_centering_cpu_recipe_trains_with_a_colocated_engine(tmp_path):
         in done.stderr
     )
     assert "score_centering/head_mass" in done.stdout and "score_centering/correction_abs_mean" in done.stdout
+
+
+def test_streaming_streams_every_source(tmp_path):
+    """``--dataset_streaming true`` streams the embedded task too (it was silently map-style, issue 31)."""
+    import datasets
+
+    from trl_length_plugin.trl_integration.script import load_datasets
+
+    args = SimpleNamespace(
+        dataset_name="embedded",
+        dataset_streaming=True,
+        dataset_size=4,
+        eval_dataset_size=2,
+        dataset_train_split="train",
+        dataset_test_split="test",
+    )
+    train, evaluation = load_datasets(
+        args, SimpleNamespace(eval_strategy="no", seed=0), SimpleNamespace(datasets=None), None
+    )
+    assert isinstance(train, datasets.IterableDataset) and len(list(train)) == 4 and evaluation is None
+    cli.read_command_line(["--dataset_streaming", "true", "--max_steps", "3"])  # accepted
