@@ -195,3 +195,15 @@ def test_a_top_k_beyond_the_captures_int32_ids_is_refused_when_the_config_is_bui
         ValueError, match=r"^score_centering_top_k: Input should be less than or equal to 2147483647"
     ):
         load_score_centering_config({"score_centering": True, "score_centering_top_k": 2**40})
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["score_centering_adaptive_outer_bound", "score_centering_adaptive_k_delta", "score_centering_adaptive_k_init",
+     "score_centering_adaptive_k_min", "score_centering_adaptive_k_max"],
+)  # fmt: skip
+def test_the_adaptive_controllers_numbers_are_bounded(key):
+    from trl_length_plugin.score_centering.config import ScoreCenteringConfig
+
+    low, high = bounds(ScoreCenteringConfig.model_fields[key])
+    assert high == MAX_WEIGHT and (low == 0 or low == -MAX_WEIGHT)
