@@ -447,7 +447,8 @@ def reference_coefficient(rewards, lengths, group_index, coeff, min_tokens=0, co
             continue
         l_ref = max(min(lengths[i] for i in correct), min_tokens, 1)
         for i in correct:
-            multipliers[i] = 1 / (1 + coeff * max(0, lengths[i] - l_ref) / l_ref)
+            if rewards[i] > 0:  # a reward <= 0 keeps multiplier 1: it is never raised (§3.1)
+                multipliers[i] = 1 / (1 + coeff * max(0, lengths[i] - l_ref) / l_ref)
             shaped[i] = rewards[i] * multipliers[i]
     return shaped, multipliers
 

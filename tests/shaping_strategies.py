@@ -61,11 +61,23 @@ malformed_band = st.sampled_from(
 )
 
 
+def without_idle_keys(block: dict, merged: dict) -> dict:
+    """``block`` without the keys of terms that no switch turns on in ``merged`` (refused at load, §2.6)."""
+    from trl_length_plugin.shaping.terms import switched_on, terms
+
+    def on(term) -> bool:
+        return any(switched_on(merged.get(key, term.parameters[key].default)) for key in term.switches)
+
+    idle = {key for term in terms() if not on(term) for key in term.parameters if key not in term.switches}
+    return {key: value for key, value in block.items() if key not in idle}
+
+
 @st.composite
 def config_dict(draw):
-    config = {"default": draw(params_block), "verbose": draw(st.booleans())}
+    default = draw(params_block)
+    config = {"default": without_idle_keys(default, default), "verbose": draw(st.booleans())}
     if draw(st.booleans()):
-        config["agent_overrides"] = draw(
+        overrides = draw(
             st.fixed_dictionaries(
                 {},
                 optional={
@@ -74,6 +86,10 @@ def config_dict(draw):
                 },
             )
         )
+        config["agent_overrides"] = {
+            agent: None if block is None else without_idle_keys(block, {**config["default"], **block})
+            for agent, block in overrides.items()
+        }
     if draw(st.booleans()):
         defaults = draw(st.fixed_dictionaries({}, optional={ch: valid_band() for ch in CHANNEL_NAMES}))
         config["profile_band"] = {"enabled": draw(st.booleans()), "defaults": defaults}

@@ -196,6 +196,21 @@ def test_bad_config_exits_2_with_the_trainers_message(tmp_path, capsys):
         (["--length_penalty", "{not json"], "length_penalty: not valid JSON"),
         (["--drop_zero_std_groups", "maybe"], "drop_zero_std_groups: Input should be a valid boolean"),
         ([], "the config switches no length shaping on"),
+        # issue 31: a JSON key written twice is refused naming the key and both values, as YAML's is
+        (
+            ["--length_penalty", '{"default": {"total_bonus": 0.1, "total_bonus": 0.3}}'],
+            "length_penalty: key 'total_bonus' written twice (values 0.1 and 0.3)",
+        ),
+        # issue 31: a block that enables an agent but switches no term on printed metrics and exited 0
+        (
+            ["--length_penalty", '{"default": {"top_percentile": 0.3}}'],
+            "the config switches no length shaping on",
+        ),
+        (["--length_penalty", '{"default": {"enabled": true}}'], "the config switches no length shaping on"),
+        (
+            ["--length_penalty", '{"default": {"total_bonus": 0.1, "enabled": false}}'],
+            "the config switches no length shaping on",
+        ),
         (
             ["--length_penalty_coeff", "0.1", "--scale_rewards", "all"],
             "argument --scale_rewards: invalid choice",

@@ -206,7 +206,7 @@ def test_truncation_needs_the_flag():
         ({"overlong_max_length": -1, "overlong_buffer": 1}, "length_penalty.default.overlong_max_length"),
         ({**OVERLONG, "overlong_factor": -0.5}, "length_penalty.default.overlong_factor"),
         ({"overlong_max_length": 48.5, "overlong_buffer": 4}, "length_penalty.default.overlong_max_length"),
-        ({"cosine_min_value_wrong": -2.0}, "length_penalty.default.cosine_max_length"),
+        ({"cosine_min_value_wrong": -2.0}, "length_penalty.default.cosine_min_value_wrong"),
         ({"cosine_max_length": 10, "cosine_channel": "all"}, "length_penalty.default.cosine_channel"),
         ({"truncation": "drop"}, "length_penalty.default.truncation"),
         ({"truncation_penalty_factor": 0.5}, "length_penalty.default.truncation_penalty_factor"),

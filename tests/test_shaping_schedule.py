@@ -5,10 +5,11 @@ stepped config the pipeline shapes with, and the checkpoint record."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, shape_rollouts
@@ -20,9 +21,12 @@ from trl_length_plugin.shaping.schedule import (
     config_at,
     resume_message,
     save_schedule_state,
+    schedule_end,
     schedule_metrics,
+    scheduled_values,
     value_at,
 )
+from trl_length_plugin.shaping.terms import terms
 
 GROUP_COEFF = "length_penalty.default.group_total_length_penalty_coeff"
 
@@ -305,3 +309,166 @@ def test_checkpoint_record_and_resume_messages(tmp_path):
     unscheduled = load_shaping_config(group_config())
     save_schedule_state(unscheduled, 2, str(tmp_path / "none"))  # nothing scheduled: no file, no message
     assert not (tmp_path / "none").exists() and resume_message(unscheduled, 2, str(tmp_path)) is None
+
+
+OVERLONG = {"length_penalty": {"default": {"overlong_max_length": 4096, "overlong_buffer": 512}}}
+BAND = {
+    "length_penalty": {
+        "profile_band": {"enabled": True, "defaults": {"total": {"a": 100, "b": 200, "f": 0.5}}}
+    }
+}
+BAND_A, BAND_B = (
+    "length_penalty.profile_band.defaults.total.a",
+    "length_penalty.profile_band.defaults.total.b",
+)
+OVERLONG_MAX = "length_penalty.default.overlong_max_length"
+
+
+@pytest.mark.parametrize(
+    ("config", "schedule", "message"),
+    [
+        (  # a band stage whose a passes b: longer rollouts would be rewarded
+            BAND, [{"key": BAND_A, "stages": [{"until_step": 10, "value": 300}]}],
+            "length_schedule.0.stages.0: the config of step 0 is refused: "
+            "length_penalty.profile_band.defaults.total: profile band needs b > a, got a=300.0, b=200.0",
+        ),
+        (  # b scheduled below a, in the second stage
+            BAND, [{"key": BAND_B, "stages": [{"until_step": 10, "value": 150}, {"until_step": 20, "value": 50}]}],
+            "length_schedule.0.stages.1: the config of step 10 is refused: "
+            "length_penalty.profile_band.defaults.total: profile band needs b > a",
+        ),
+        (  # a ramp of a that ends past b: its last step is refused, though each value is a valid length
+            BAND, [{"key": BAND_A, "stages": [{"until_step": 11, "start": 0, "end": 440}]}],
+            "length_schedule.0.stages.0: the config of step 10 is refused: "
+            "length_penalty.profile_band.defaults.total: profile band needs b > a, got a=400.0",
+        ),
+        (  # a and b scheduled together, crossing in their second stages
+            BAND, [{"key": BAND_A, "stages": [{"until_step": 5, "value": 10}, {"until_step": 9, "value": 90}]},
+                   {"key": BAND_B, "stages": [{"until_step": 7, "value": 80}]}],
+            "length_schedule.0.stages.1, length_schedule.1.stages.0: the config of step 5 is refused",
+        ),
+        (  # an overlong maximum scheduled below its buffer: a zero-length answer would lose reward
+            OVERLONG, [{"key": OVERLONG_MAX, "stages": [{"until_step": 10, "value": 2048}, {"until_step": 20, "value": 256}]}],
+            "length_schedule.0.stages.1: the config of step 10 is refused: length_penalty.default.overlong_buffer: "
+            "needs 0 < overlong_buffer <= overlong_max_length (256), got 512",
+        ),
+        (  # a buffer scheduled to 0: a division by zero
+            OVERLONG, [{"key": "length_penalty.default.overlong_buffer", "stages": [{"until_step": 3, "value": 0}]}],
+            "length_schedule.0.stages.0: the config of step 0 is refused: length_penalty.default.overlong_buffer",
+        ),
+    ],
+)  # fmt: skip
+def test_a_stage_whose_config_the_loader_refuses_is_refused_naming_the_stage(config, schedule, message):
+    with pytest.raises(LengthConfigError) as err:
+        load_shaping_config({**config, "length_schedule": schedule})
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("config", "schedule"),
+    [
+        (OVERLONG, [{"key": OVERLONG_MAX, "stages": [{"until_step": 10, "value": 2048}, {"until_step": 20, "value": 512}]}]),
+        (OVERLONG, [{"key": OVERLONG_MAX, "stages": [{"until_step": 10, "value": 0}]}]),  # the term's effect off
+        (BAND, [{"key": BAND_A, "stages": [{"until_step": 10, "start": 0, "end": 199}]}]),
+        ({"length_penalty_coeff": 1.0, "length_penalty_min_tokens": 64, "length_penalty_coeff_warmup_steps": 5}, ()),
+    ],
+)  # fmt: skip
+def test_stages_the_base_rules_accept_load(config, schedule):
+    load_shaping_config({**config, "length_schedule": schedule})
+
+
+SCHEDULABLE = {
+    "length_penalty_coeff": 0.5,
+    "length_penalty_min_tokens": 20,
+    OVERLONG_MAX: 300,
+    "length_penalty.default.overlong_buffer": 100,
+    "length_penalty.default.overlong_factor": 1.0,
+    "length_penalty.default.group_total_length_penalty_coeff": 0.2,
+    "length_penalty.default.target_length_alpha": 0.001,
+    "length_penalty.default.cosine_max_length": 400,
+    "length_penalty.default.cosine_min_value_wrong": -1.0,
+    BAND_A: 100,
+    BAND_B: 250,
+    "length_penalty.profile_band.defaults.total.f": 0.5,
+}
+SWITCHES = {"length_penalty_coeff", *(key for term in terms() for key in term.switches)}
+
+
+def base_config() -> dict:
+    default = {key.rpartition(".")[2]: value for key, value in SCHEDULABLE.items() if ".default." in key}
+    band = {"a": SCHEDULABLE[BAND_A], "b": SCHEDULABLE[BAND_B], "f": 0.5}
+    return {
+        "length_penalty_coeff": 0.5,
+        "length_penalty_min_tokens": 20,
+        "length_penalty": {
+            "default": {**default, "target_length": "exact"},
+            "profile_band": {"enabled": True, "defaults": {"total": band}},
+        },
+    }
+
+
+stage_value = st.one_of(
+    st.integers(-5, 600),
+    st.floats(-2.0, 600.0),
+    st.sampled_from([0, 0.0, 1e6, 1e308, 2**60, -1e308]),
+)
+stage = st.one_of(
+    st.tuples(st.integers(1, 4), stage_value).map(lambda s: {"gap": s[0], "value": s[1]}),
+    st.tuples(st.integers(1, 4), stage_value, stage_value).map(
+        lambda s: {"gap": s[0], "start": s[1], "end": s[2]}
+    ),
+)
+
+
+def as_stages(drawn: list[dict]) -> list[dict]:
+    until, stages = 0, []
+    for item in drawn:
+        until += item["gap"]
+        stages.append({"until_step": until, **{k: v for k, v in item.items() if k != "gap"}})
+    return stages
+
+
+@settings(deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@example(  # accepted before issue 31: NaN advantages
+    entries={"length_penalty.default.target_length_alpha": [{"gap": 2, "value": 1e308}]},
+    rewards=[1.0, 0.0] * 4,
+    lengths=[10, 300, 200, 50, 1, 2, 3, 499],
+)
+@given(
+    entries=st.dictionaries(st.sampled_from(sorted(SCHEDULABLE)), st.lists(stage, min_size=1, max_size=3), max_size=3),
+    rewards=st.lists(st.sampled_from([0.0, 1.0]), min_size=8, max_size=8),
+    lengths=st.lists(st.integers(0, 500), min_size=8, max_size=8),
+)  # fmt: skip
+def test_whatever_the_loader_accepts_shapes_finite_numbers_with_base_configs_at_every_step(
+    entries, rewards, lengths
+):
+    """Every step of an accepted schedule has a configuration the loader accepts as a base configuration
+    (a switch at 0 read at the config's value, §3.7) and one shaping step of finite numbers."""
+    logging.getLogger("trl_length_plugin").setLevel(logging.ERROR)
+    schedule = [{"key": key, "stages": as_stages(stages)} for key, stages in entries.items()]
+    try:
+        config = load_shaping_config({**base_config(), "length_schedule": schedule})
+    except LengthConfigError:
+        return
+    batch = RolloutBatch(
+        rewards=rewards,
+        group_index=[0] * 4 + [1] * 4,
+        answer_lengths=lengths,
+        loss_lengths=lengths,
+        metadata=[{"target_length": 200}] * 8,
+    )
+    for step in range(schedule_end(config) + 1):
+        values = base_config()
+        for key, value in scheduled_values(config, step).items():
+            *path, name = key.split(".")
+            if value == 0 and name in SWITCHES:
+                continue
+            node = values
+            for part in path:
+                node = node[part]
+            node[name] = value
+        load_shaping_config(values)
+        result = shape_rollouts(batch, config, TRL_NORMALIZATION, step=step)
+        for numbers in (result.rewards, result.totals, result.advantages):
+            assert torch.isfinite(numbers).all(), (step, numbers)

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -135,6 +136,62 @@ PRE_IMPORT = {
             "length_penalty.default.group_totl_length_penalty_coeff: unknown key (did you mean 'group_total_length_penalty_coeff'?)"
         ],
     ),
+    # issue 31: a stage the loader would refuse as a base configuration; numbers beyond their range
+    "schedule stage past a band bound": (
+        lambda p: [
+            "--length_penalty",
+            '{"profile_band": {"enabled": true, "defaults": {"total": {"a": 100, "b": 200, "f": 0.5}}}}',
+            "--length_schedule",
+            '[{"key": "length_penalty.profile_band.defaults.total.a", "stages": [{"until_step": 5, "value": 300}]}]',
+        ],
+        [
+            "length_schedule.0.stages.0: the config of step 0 is refused",
+            "profile_band.defaults.total",
+            "b > a",
+        ],
+    ),
+    "schedule stage below the overlong buffer": (
+        lambda p: [
+            "--length_penalty",
+            '{"default": {"overlong_max_length": 4096, "overlong_buffer": 512}}',
+            "--length_schedule",
+            '[{"key": "length_penalty.default.overlong_max_length", "stages": [{"until_step": 5, "value": 256}]}]',
+        ],
+        ["length_schedule.0.stages.0", "length_penalty.default.overlong_buffer"],
+    ),
+    "float key beyond its range": (
+        lambda p: [
+            "--length_penalty",
+            '{"default": {"target_length": "exact", "target_length_alpha": 1e308}}',
+        ],
+        ["length_penalty.default.target_length_alpha: Input should be less than or equal to 1000000"],
+    ),
+    "coefficient beyond its range": (lambda p: ["--length_penalty_coeff", "1e308"], ["length_penalty_coeff"]),
+    "JSON key written twice": (
+        lambda p: ["--length_penalty", '{"default": {"total_bonus": 0.1, "total_bonus": 0.2}}'],
+        ["length_penalty: key 'total_bonus' written twice (values 0.1 and 0.2)"],
+    ),
+    "JSON schedule key written twice": (
+        lambda p: [
+            "--length_penalty_coeff",
+            "1.0",
+            "--length_schedule",
+            '[{"key": "length_penalty_coeff", "stages": [{"until_step": 2, "value": 0.5, "value": 5}]}]',
+        ],
+        ["length_schedule: key 'value' written twice (values 0.5 and 5)"],
+    ),
+    "streaming without max_steps": (
+        lambda p: ["--dataset_streaming", "true"],
+        ["dataset_streaming: true needs max_steps > 0", "max_steps=-1"],
+    ),
+    "streaming with max_steps 0 in a recipe": (
+        lambda p: ["--config", yaml_file(p, "dataset_streaming: true\nmax_steps: 0\n")],
+        ["dataset_streaming: true needs max_steps > 0", "max_steps=0"],
+    ),
+    "K beyond the capture's cap": (
+        lambda p: ["--config", "recipe:score_centering_cpu", "--score_centering_top_k", str(2**40)],
+        ["score_centering_top_k: Input should be less than or equal to 2147483647"],
+    ),
     "unknown recipe": (lambda p: ["--config", "recipe:nope"], ["no recipe named 'nope'", "coefficient_cpu"]),
     "valid keys, then TRL missing": (
         lambda p: ["--config", "recipe:coefficient_cpu"],
@@ -184,6 +241,21 @@ POST_IMPORT = {
         ["luspo: true conflicts", "'dapo'"],
     ),
     "luspo against a flag": ({"luspo": True}, ["--importance_sampling_level", "token"], ["'token'"]),
+    "overlong maximum above max_completion_length": (
+        {"length_penalty": {"default": {"overlong_max_length": 64, "overlong_buffer": 16}}},
+        [],
+        ["length_penalty.default.overlong_max_length: 64 is above max_completion_length (48)"],
+    ),
+    "coefficient floor at max_completion_length": (
+        {"length_penalty_coeff": 1.0, "length_penalty_min_tokens": 48},
+        [],
+        ["length_penalty_min_tokens: 48 is at or above max_completion_length (48)"],
+    ),
+    "JSON engine kwargs key written twice": (
+        {},
+        ["--vllm_engine_kwargs", '{"max_logprobs": 8, "max_logprobs": 16}'],
+        ["vllm_engine_kwargs: key 'max_logprobs' written twice (values 8 and 16)"],
+    ),
     "trainer check: correctness_reward": (
         {"correctness_reward": "nope"},
         [],
@@ -417,3 +489,24 @@ def test_score_centering_cpu_recipe_trains_with_a_colocated_engine(tmp_path):
         in done.stderr
     )
     assert "score_centering/head_mass" in done.stdout and "score_centering/correction_abs_mean" in done.stdout
+
+
+def test_streaming_streams_every_source(tmp_path):
+    """``--dataset_streaming true`` streams the embedded task too (it was silently map-style, issue 31)."""
+    import datasets
+
+    from trl_length_plugin.trl_integration.script import load_datasets
+
+    args = SimpleNamespace(
+        dataset_name="embedded",
+        dataset_streaming=True,
+        dataset_size=4,
+        eval_dataset_size=2,
+        dataset_train_split="train",
+        dataset_test_split="test",
+    )
+    train, evaluation = load_datasets(
+        args, SimpleNamespace(eval_strategy="no", seed=0), SimpleNamespace(datasets=None), None
+    )
+    assert isinstance(train, datasets.IterableDataset) and len(list(train)) == 4 and evaluation is None
+    cli.read_command_line(["--dataset_streaming", "true", "--max_steps", "3"])  # accepted

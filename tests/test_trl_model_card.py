@@ -181,5 +181,7 @@ def test_score_centering_is_in_the_card_section(tmp_path):
     section = length_card_section(trainer_card(sc_config(tmp_path)))
     assert "score centering: K=16, mode tis in [0, 3], full vocabulary" in section
     assert "- score centering: score centering of NVIDIA NeMo RL" in section
+    assert "- score centering (the method): Marek and Ryabinin, Score Centering Stabilizes" in section
+    assert "arXiv:2609.20807" in section
     settings = json.loads(re.search(r"```json\n(.*?)\n```", section, re.S).group(1))
     assert settings == {"score_centering": True, "score_centering_top_k": 16}

@@ -170,6 +170,22 @@ def test_bad_values_are_one_line_each():
     ]
 
 
+def test_an_overlong_maximum_above_the_response_length_is_refused():
+    """Issue 31: a length limit that can never act names both keys (docs/reference/length-penalties.md §2.17)."""
+    overrides = recipe_overrides(RECIPES / "grpo_length_penalty_qwen2.5-0.5b.sh", [])
+    done, _, _ = verl_check(
+        *overrides,
+        "+length_penalty.default.overlong_max_length=2048",
+        "+length_penalty.default.overlong_buffer=256",
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert error_lines(done) == [
+        f"{PROG}invalid length shaping config: length_penalty.default.overlong_max_length: 2048 is above "
+        "data.max_response_length (1024): no rollout reaches it, so the penalty would never reach its maximum; "
+        "set it <= 1024"
+    ]
+
+
 @pytest.mark.parametrize(
     ("command", "message"),
     [
@@ -197,3 +213,24 @@ def test_a_script_is_read_after_shell_expansion(tmp_path):
         "+length_penalty_coeff=0.5",
         "trainer.total_epochs=2",
     ]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\x00binary\x89PNG", "not UTF-8 text; a recipe is a bash script"),
+        (b"python3 -m verl.trainer.main_ppo a=1\x00\x00", "a binary file (it holds NUL bytes); a recipe is a bash script"),
+        (b"python3 -m verl.trainer.main_ppo \"$(printf 'data.x=\\351')\"\n", "passes overrides that are not UTF-8 text"),
+    ],
+)  # fmt: skip
+def test_a_binary_or_non_utf8_script_is_one_line_naming_the_file(tmp_path, content, message):
+    """Issue 31: verl-check on odd input names the file in one line (it ended in a traceback)."""
+    script = tmp_path / "odd.sh"
+    script.write_bytes(content)
+    with pytest.raises(CheckError) as err:
+        recipe_overrides(script, [])
+    assert str(err.value) == f"{script}: {message}"
+    done = subprocess.run(
+        [sys.executable, "-m", "verl_adapter.check", str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2 and done.stderr.splitlines() == [f"{PROG}{script}: {message}"], done.stderr

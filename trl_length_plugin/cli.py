@@ -182,7 +182,28 @@ def read_command_line(argv: list[str]) -> CommandLine:
     except ValidationError as err:
         raise ValueError(config_error(err)) from None
     check_sampling_filters(command)
+    check_streaming(command)
     return command
+
+
+def check_streaming(command: CommandLine) -> None:
+    """``dataset_streaming: true`` needs ``max_steps`` > 0: a stream has no length to count epochs by
+    (docs/trl.md, "Streaming datasets"); the values are read as TRL's parser reads them."""
+    if "dataset_streaming" not in command.written:
+        return
+    streaming = command.value("dataset_streaming")
+    if str(streaming).lower() not in ("true", "yes", "t", "y", "1"):
+        return
+    steps = command.value("max_steps") if "max_steps" in command.written else -1
+    try:
+        steps = int(steps)
+    except (TypeError, ValueError):
+        return  # TRL's parser names it
+    if steps <= 0:
+        raise ValueError(
+            f"dataset_streaming: true needs max_steps > 0 (a stream has no length to count epochs by), got "
+            f"max_steps={steps}"
+        )
 
 
 def check_sampling_filters(command: CommandLine) -> None:

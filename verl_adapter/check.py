@@ -73,7 +73,14 @@ def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
     """The overrides ``script`` (run with ``extra`` as its arguments) passes to ``python3 -m verl.trainer.main_ppo``."""
     if not script.is_file():
         raise CheckError(f"{script}: no such recipe script")
-    text = script.read_text()
+    try:
+        text = script.read_text(encoding="utf-8")
+    except OSError as err:
+        raise CheckError(f"{script}: cannot read it: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise CheckError(f"{script}: not UTF-8 text; a recipe is a bash script") from None
+    if "\0" in text:
+        raise CheckError(f"{script}: a binary file (it holds NUL bytes); a recipe is a bash script")
     if re.search(rf"\bexec\s+(\S*/)?{_PYTHON}\s+-m\s+{re.escape(ENTRY)}\b", text):
         raise CheckError(
             f"{script}: 'exec python3 -m {ENTRY}' cannot be intercepted; drop 'exec' or pass the overrides"
@@ -94,7 +101,10 @@ def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
         if not captured.exists():
             said = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
             raise CheckError(f"{script}: ended without running python3 -m {ENTRY} ({said[0]})")
-        return captured.read_text().split("\0")[:-1]
+        try:
+            return captured.read_bytes().decode("utf-8").split("\0")[:-1]
+        except UnicodeDecodeError:
+            raise CheckError(f"{script}: passes overrides that are not UTF-8 text") from None
 
 
 def _quiet_import() -> None:
@@ -222,10 +232,9 @@ def check(args: list[str]) -> tuple[list[str], list[str]]:
     errors = []
     for script in scripts:
         try:
-            found = overrides_errors(recipe_overrides(script, args))
-        except CheckError as err:
-            found = [str(err)]
-        errors += [f"{script}: {error}" for error in found]
+            errors += [f"{script}: {error}" for error in overrides_errors(recipe_overrides(script, args))]
+        except CheckError as err:  # names the script itself
+            errors.append(str(err))
     return [str(script) for script in scripts], errors
 
 

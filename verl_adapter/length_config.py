@@ -29,6 +29,7 @@ from trl_length_plugin.shaping.config import (
     LengthConfigError,
     LengthShapingConfig,
     did_you_mean,
+    length_limit_error,
     load_shaping_config,
 )
 
@@ -64,6 +65,10 @@ def shaping_config(config: DictConfig) -> LengthShapingConfig:
     except LengthConfigError as err:
         raise ValueError(f"invalid length shaping config: {err}") from None
     check_algorithm(shaping, config.algorithm, config.actor_rollout_ref.rollout.n)
+    limit = (config.get("data") or {}).get("max_response_length")
+    limit_error = length_limit_error(shaping, limit, "data.max_response_length")
+    if limit_error is not None:
+        raise ValueError(f"invalid length shaping config: {limit_error}")
     return shaping
 
 

@@ -116,9 +116,10 @@ def load_config(args) -> tuple[LengthShapingConfig, str, str]:
     if not isinstance(scale, str | bool) or scale not in SCALE_REWARDS:
         raise CommandError(f"scale_rewards: expected group, batch or none, got {scale!r}")
     config = load_shaping_config({key: value for key, value in values.items() if _given(key, value)})
-    if not config.enabled:
+    penalties = config.penalties is not None and config.penalties.switches_a_term
+    if not (penalties or config.coefficient_on or config.drop_zero_std_groups):
         raise CommandError(
-            "the config switches no length shaping on (length_penalty, length_penalty_coeff or "
+            "the config switches no length shaping on (a length_penalty term, length_penalty_coeff or "
             "drop_zero_std_groups)"
         )
     if config.penalties is not None and config.penalties.truncation_modes:

@@ -18,9 +18,13 @@ from typing import Annotated, Any, Literal, NoReturn
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
-from trl_length_plugin.shaping.config import _STRICT, Count, Number, _not_bool, config_error, did_you_mean
+from trl_length_plugin.shaping.config import _STRICT, Count, _not_bool, config_error, did_you_mean
+from trl_length_plugin.shaping.fields import MAX_WEIGHT, Bounded
 
 Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
+#: the largest K: the capture holds token ids as int32 (``capture.py``), so no vocabulary the engine returns
+#: heads of, and no K, is larger (reference §5.8); checked when the config is built, before the vocabulary
+MAX_TOP_K = 2**31 - 1
 
 
 class ScoreCenteringConfig(BaseModel):
@@ -34,7 +38,7 @@ class ScoreCenteringConfig(BaseModel):
         description="Add the score-centering correction A * C to the loss, from the vLLM sampler's top-k head "
         "(docs/reference/score-centering.md §5). Needs use_vllm.",
     )
-    score_centering_top_k: Count = Field(
+    score_centering_top_k: Annotated[Count, Field(le=MAX_TOP_K)] = Field(
         0, description="K, the candidates captured per generated token (required >= 1 with score_centering)."
     )
     score_centering_importance_sampling: Mode = Field(
@@ -45,20 +49,20 @@ class ScoreCenteringConfig(BaseModel):
     force_on_policy_ratio: bool = Field(
         False, description="The sampled-token ratio uses the detached current policy (reference §5.5)."
     )
-    score_centering_adaptive_outer_bound: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = Field(
-        10.0, description="adaptive-ppo-clip's outer bound o, above 1 + epsilon_high (§5.7)."
-    )
-    score_centering_adaptive_k_init: Number = Field(
+    score_centering_adaptive_outer_bound: Annotated[
+        float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)
+    ] = Field(10.0, description="adaptive-ppo-clip's outer bound o, above 1 + epsilon_high (§5.7).")
+    score_centering_adaptive_k_init: Bounded = Field(
         0.0, description="adaptive-ppo-clip's initial offset k (§5.7)."
     )
     score_centering_adaptive_target: Annotated[float, Field(gt=0, lt=1), BeforeValidator(_not_bool)] = Field(
         0.02, description="adaptive-ppo-clip's target clip fraction, in (0, 1) (§5.7)."
     )
-    score_centering_adaptive_k_delta: Annotated[float, Field(gt=0), BeforeValidator(_not_bool)] = Field(
-        0.05, description="adaptive-ppo-clip's step of k per optimizer step (§5.7)."
-    )
-    score_centering_adaptive_k_min: Number = Field(0.0, description="Lower bound of k (§5.7).")
-    score_centering_adaptive_k_max: Number = Field(1.0, description="Upper bound of k (§5.7).")
+    score_centering_adaptive_k_delta: Annotated[
+        float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)
+    ] = Field(0.05, description="adaptive-ppo-clip's step of k per optimizer step (§5.7).")
+    score_centering_adaptive_k_min: Bounded = Field(0.0, description="Lower bound of k (§5.7).")
+    score_centering_adaptive_k_max: Bounded = Field(1.0, description="Upper bound of k (§5.7).")
 
     @model_validator(mode="after")
     def _dependent_keys(self) -> ScoreCenteringConfig:

@@ -17,15 +17,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from .groups import GroupLayout
+from .groups import GroupLayout, on_cpu
 from .metadata import MAX_LENGTH, PromptMetadata, parse_prompt_metadata
 from .threads import single_threaded
 
 
 def as_float_tensor(values: Any, name: str) -> torch.Tensor:
     """A 1-D floating tensor; a floating tensor keeps its dtype, anything else becomes float64."""
+    if isinstance(values, torch.Tensor):
+        values = on_cpu(values.detach(), name)
     if isinstance(values, torch.Tensor) and values.is_floating_point():
-        tensor = values.detach()
+        tensor = values
     else:
         try:
             source = values if isinstance(values, torch.Tensor) else np.asarray(values, dtype=np.float64)
@@ -50,6 +52,28 @@ def checked_lengths(values: Any, name: str, rows: int) -> torch.Tensor:
     if not valid_lengths(lengths):
         raise ValueError(f"{name} must be finite, >= 0 and at most 2**53")
     return lengths
+
+
+def checked_flags(values: Any, name: str, rows: int) -> torch.Tensor:
+    """One boolean per row (booleans, or integers 0 and 1, as a list, array or tensor), or a ValueError
+    naming ``name``: fractions, other integers, strings and None are not flags (``"no"`` would read as
+    true)."""
+    refused = f"{name} must be booleans (or 0 and 1), one per row, got"
+    if isinstance(values, torch.Tensor):
+        values = on_cpu(values, name)
+        if values.is_floating_point() or values.is_complex():
+            raise ValueError(f"{refused} {values.dtype} values")
+        array = values.numpy()
+    else:
+        try:
+            array = np.asarray(values)
+        except ValueError as err:  # ragged
+            raise ValueError(f"{refused} {err}") from None
+    if array.dtype.kind not in "biu" or not np.isin(array, (0, 1)).all():
+        raise ValueError(f"{refused} {array.dtype} values")
+    if array.ndim != 1 or array.size != rows:
+        raise ValueError(f"{name} must have one flag per row")
+    return torch.from_numpy(array.astype(bool))
 
 
 def _check_agents(agents: Sequence[Any]) -> None:
@@ -114,14 +138,9 @@ class RolloutBatch:
                 raise ValueError(f"metadata has {len(self.metadata)} rows, rewards have {rows}")
         if self.agents is not None:
             _check_agents(self.agents)
-        if self.multi_component is not None:
-            self.multi_component = torch.as_tensor(np.asarray(self.multi_component, dtype=bool))
-            if self.multi_component.numel() != rows:
-                raise ValueError("multi_component must have one flag per row")
-        if self.truncated is not None:
-            self.truncated = torch.as_tensor(np.asarray(self.truncated, dtype=bool))
-            if self.truncated.dim() != 1 or self.truncated.numel() != rows:
-                raise ValueError("truncated must have one flag per row")
+        for name in ("multi_component", "truncated"):
+            if getattr(self, name) is not None:
+                setattr(self, name, checked_flags(getattr(self, name), name, rows))
         if self.layout.num_rows != rows:
             raise ValueError(f"group_index has {self.layout.num_rows} rows, rewards have {rows}")
 

@@ -71,7 +71,8 @@ def apply_length_coefficient(
     A row is correct when its raw correctness reward (``correctness``, by default ``rewards``) is exactly
     1.0; L_ref = max(shortest correct L of the group, ``min_tokens``, 1); ``lengths`` are loss-mask token
     counts (§3.2). With group penalties on, pass their result as ``rewards`` and the raw correctness
-    reward as ``correctness`` (§3.5). Every other row keeps multiplier 1.
+    reward as ``correctness`` (§3.5). Every other row, and a correct row whose reward is <= 0 (a negative
+    rollout reward, §2.6 step 8), keeps multiplier 1: the coefficient never raises a reward.
     """
     coeff = finite_number(coeff, "length_penalty_coeff", minimum=0.0)
     min_tokens = finite_number(min_tokens, "length_penalty_min_tokens", minimum=0.0)
@@ -93,7 +94,8 @@ def apply_length_coefficient(
         length_b, correct_b = bucket.pack(length), bucket.pack(correct, False)
         reference = row_min(length_b, correct_b).clamp(min=floor)  # BIG without a correct row
         parts.append(1 / (1 + coeff * (length_b - reference).clamp(min=0) / reference * weights(correct_b)))
-    multipliers = layout.unpack(parts)
+    # a value <= 0 keeps multiplier 1: shrinking it would raise the reward of the longer rollout (§3.1)
+    multipliers = torch.where(values > 0, layout.unpack(parts), 1.0)
     out = (values * multipliers).to(raw.dtype)
     return LengthCoefficientResult(
         rewards=out,

@@ -34,12 +34,11 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from .fields import BAND_CHANNELS, Count, NonNegative, Number, _not_bool
-from .terms import on_change, switched_on, switches_reading, term_fields, terms
+from .fields import BAND_CHANNELS, MAX_LENGTH, Count, NonNegative, Number, _not_bool
+from .terms import idle_key_errors, on_change, switched_on, switches_reading, term_fields, terms
 
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
-MAX_LENGTH = 2.0**53  # larger lengths are absurd, and their sums of squares lose exactness
 BandBound = Annotated[float, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]  # a length (§2.12)
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
@@ -82,7 +81,8 @@ _SHARED_FIELDS = dict(LengthPenaltyParams.model_fields)
 def term_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
     """The terms' dependent-key errors of one agent's merged parameters, ``key: message``; ``given``: the
     keys ``default`` or the agent's block sets (docs/reference/length-penalties.md §2.17-2.20)."""
-    return [error for term in terms() if term.check is not None for error in term.check(params, given)]
+    checks = [error for term in terms() if term.check is not None for error in term.check(params, given)]
+    return checks + idle_key_errors(params, given)
 
 
 class ProfileBandChannel(BaseModel):
@@ -138,18 +138,26 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
 
     @model_validator(mode="after")
     def _dependent_keys(self) -> LengthPenaltyConfig:
-        """Each agent's merged keys, checked at load by their terms (docs/reference/length-penalties.md §2.17)."""
+        """Each agent's merged keys, checked at load by their terms (docs/reference/length-penalties.md §2.17).
+        A block is judged on the keys it sets itself: an override may switch off a term whose keys
+        ``default`` sets (§2.3)."""
+        for path, (block, merged) in self.merged_blocks().items():
+            errors = term_errors(merged, block.model_fields_set)
+            if errors:
+                raise ValueError(f"{path}.{errors[0]}")
+        return self
+
+    def merged_blocks(self) -> dict[str, tuple[LengthPenaltyParams, dict[str, Any]]]:
+        """Each block by its key path (``default``, ``agent_overrides.<agent>``), with its keys merged onto
+        ``default``'s (docs/reference/length-penalties.md §2.3)."""
         blocks = {
             "default": self.default,
             **{f"agent_overrides.{k}": o for k, o in (self.agent_overrides or {}).items() if o is not None},
         }
-        for path, block in blocks.items():
-            merged = self.default.model_dump()
-            merged.update(block.model_dump(exclude_unset=True))
-            errors = term_errors(merged, self.default.model_fields_set | block.model_fields_set)
-            if errors:
-                raise ValueError(f"{path}.{errors[0]}")
-        return self
+        return {
+            path: (block, {**self.default.model_dump(), **block.model_dump(exclude_unset=True)})
+            for path, block in blocks.items()
+        }
 
     @field_validator("reasoning_tags")
     @classmethod
@@ -164,6 +172,16 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         overrides = self.agent_overrides or {}
         return self.default.enabled or any(
             o is not None and "enabled" in o.model_fields_set and o.enabled for o in overrides.values()
+        )
+
+    @property
+    def switches_a_term(self) -> bool:
+        """Whether some enabled agent switches a term on, or a global band applies (§2.6, §2.12): a block
+        that does neither changes no reward."""
+        switches = [key for term in terms() for key in term.switches]
+        return bool(self.global_bands) or any(
+            merged["enabled"] and any(switched_on(merged[key]) for key in switches)
+            for _, merged in self.merged_blocks().values()
         )
 
     @property
@@ -242,7 +260,8 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
 
 
 class DuplicateKeyError(ValueError):
-    """A YAML mapping writes a key twice (PyYAML would keep the second silently)."""
+    """A YAML mapping or a JSON object writes a key twice (PyYAML and ``json`` would keep the second
+    silently)."""
 
 
 def _unique_key_loader(yaml: Any) -> type:
@@ -294,6 +313,26 @@ def read_yaml(path: Path) -> Any:
         raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key written twice is a ``DuplicateKeyError`` naming both values."""
+    mapping: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in mapping:
+            first, second = json.dumps(mapping[key]), json.dumps(value)
+            raise DuplicateKeyError(f"key {key!r} written twice (values {first} and {second})")
+        mapping[key] = value
+    return mapping
+
+
+def read_json(text: str) -> Any:
+    """The JSON document ``text``; bad JSON, or a key written twice in one object (the ``json`` module keeps
+    the second silently), is a ``ValueError`` naming it, as ``read_yaml`` refuses a YAML key written twice."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not valid JSON ({err})") from None
+
+
 def block_mapping(value: Any) -> Any:
     """The ``length_penalty`` block from a JSON object string or the path of a YAML file (which may hold
     the block itself or a mapping whose only key is ``length_penalty``); anything else is returned as is."""
@@ -308,10 +347,7 @@ def block_mapping(value: Any) -> Any:
         if isinstance(value, Mapping) and set(value) == {"length_penalty"}:
             value = value["length_penalty"] or {}
     elif isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not valid JSON ({err})") from None
+        value = read_json(value)
     if isinstance(value, BaseModel) and not isinstance(value, LengthPenaltyConfig):
         raise ValueError(f"expected a mapping, got {type(value).__name__}")
     if not isinstance(value, Mapping | LengthPenaltyConfig):
@@ -338,10 +374,7 @@ def _schedule_entries(value: Any) -> Any:
     if value is None:
         return ()
     if isinstance(value, str) and value.strip().startswith("["):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not valid JSON ({err})") from None
+        return read_json(value)
     if isinstance(value, str | Path):
         path = Path(value).expanduser()
         if not path.is_file():
@@ -424,7 +457,8 @@ def scheduled_leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, st
 def check_schedule(config: LengthShapingConfig) -> None:
     """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
     a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
-    accepts, ramps only on float keys, each key once and not both scheduled and warmed up."""
+    accepts, ramps only on float keys, each key once and not both scheduled and warmed up; then the
+    configuration of every stage, by the base configuration's rules (``schedule.check_stage_configs``)."""
     seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
     for index, schedule in enumerate(config.length_schedule):
         prefix = f"length_schedule.{index}.key: {schedule.key}"
@@ -458,6 +492,9 @@ def check_schedule(config: LengthShapingConfig) -> None:
                     raise ValueError(
                         f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
                     ) from None
+    from .schedule import check_stage_configs  # the schedule module builds on this one
+
+    check_stage_configs(config)
 
 
 class LengthShapingConfig(_WarnOnce, BaseModel):
@@ -659,6 +696,31 @@ def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] 
             path, message = f"{path}.{head}", rest
         parts.append(f"{path}: {message}" if path else message)
     return "; ".join(parts)
+
+
+def length_limit_error(config: LengthShapingConfig, limit: Any, limit_key: str) -> str | None:
+    """The first length key that cannot act under the host's longest completion ``limit`` (``limit_key``, in
+    tokens), as one line naming both keys, else None: an ``overlong_max_length`` above it for an agent that
+    counts tokens (no rollout reaches it, docs/reference/length-penalties.md §2.17), a
+    ``length_penalty_min_tokens`` at or above it (every L_ref is then the floor, which no rollout exceeds,
+    docs/reference/length-coefficient.md §3.1). ``limit`` None (unset) checks nothing."""
+    if limit is None or isinstance(limit, bool) or not isinstance(limit, int):
+        return None
+    floor = config.length_penalty_min_tokens
+    if config.coefficient_on and floor >= limit:
+        return (
+            f"length_penalty_min_tokens: {floor} is at or above {limit_key} ({limit}): no rollout is longer than "
+            "the floor, so the coefficient would never act"
+        )
+    block = config.penalties
+    for path, (_, merged) in (block.merged_blocks() if block is not None else {}).items():
+        longest = merged["overlong_max_length"]
+        if merged["enabled"] and merged["length_type"] == "tokens" and longest > limit:
+            return (
+                f"length_penalty.{path}.overlong_max_length: {longest} is above {limit_key} ({limit}): no "
+                f"rollout reaches it, so the penalty would never reach its maximum; set it <= {limit}"
+            )
+    return None
 
 
 class LengthConfigError(ValueError):

@@ -21,9 +21,17 @@ def _not_bool(value: Any) -> Any:
     return value
 
 
-Number = Annotated[float, BeforeValidator(_not_bool)]
-NonNegative = Annotated[float, Field(ge=0), BeforeValidator(_not_bool)]
+#: the largest length (and count) a key takes: larger lengths are absurd, and their sums of squares lose
+#: exactness (docs/reference/length-penalties.md §2.1)
+MAX_LENGTH = 2.0**53
+#: the largest magnitude of a float key that is not a length: its products with lengths up to ``MAX_LENGTH``,
+#: and their sums over the terms, stay finite in float32 (docs/reference/length-penalties.md §2.1)
+MAX_WEIGHT = 1e6
+
+Number = Annotated[float, BeforeValidator(_not_bool)]  # finite; a schedule's stage value, checked by its key
+Bounded = Annotated[float, Field(ge=-MAX_WEIGHT, le=MAX_WEIGHT), BeforeValidator(_not_bool)]
+NonNegative = Annotated[float, Field(ge=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)]
 Fraction = Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)]
-Count = Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
-Positive = Annotated[float, Field(gt=0), BeforeValidator(_not_bool)]
-PositiveCount = Annotated[int, Field(ge=1), BeforeValidator(_not_bool)]
+Count = Annotated[int, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]
+Positive = Annotated[float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)]
+PositiveCount = Annotated[int, Field(ge=1, le=MAX_LENGTH), BeforeValidator(_not_bool)]

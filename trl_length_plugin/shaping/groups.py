@@ -33,10 +33,21 @@ BIG = 1e300  # larger than any length or reward, small enough that BIG + x == BI
 CHUNK_SLOTS = 131_072  # slots per bucket: a [8, 3, 16384] float64 matrix is 3 MB
 
 
+def on_cpu(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """``tensor`` on the CPU, where the engine computes (copied from another device); a meta tensor, which
+    holds no values, is a ValueError naming ``name`` (docs/reference/length-penalties.md §2.5)."""
+    if tensor.is_meta:
+        raise ValueError(
+            f"{name} is a meta tensor (no values); the shaping step needs values on the CPU or a GPU"
+        )
+    return tensor.cpu()
+
+
 def _integer_ids(group_index: Sequence | np.ndarray | torch.Tensor) -> torch.Tensor | list[int]:
     """The ids as an int64 tensor, or a list of Python ints (which may exceed int64); anything that is not
     integers (floats, NaN, bools, strings, None) is a ValueError naming ``group_index``."""
     if isinstance(group_index, torch.Tensor):
+        group_index = on_cpu(group_index, "group_index")
         if group_index.is_floating_point() or group_index.is_complex() or group_index.dtype == torch.bool:
             raise ValueError(f"group_index must be integers, got a {group_index.dtype} tensor")
         return group_index.reshape(-1).long()

@@ -10,7 +10,8 @@ schedule ``[{until_step: W, start: 0, end: length_penalty_coeff}]``.
 :func:`config_at` gives the config of one step (every scheduled key at its value, no schedule left);
 hosts pass the optimizer step to ``shape_rollouts``, which calls it, so TRL and verl move the same keys
 the same way; :func:`coeff_at` is the coefficient of one step. The config validates the entries when it is
-loaded (``config.check_schedule``).
+loaded (``config.check_schedule``), and with it the configuration of every stage
+(:func:`check_stage_configs`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import os
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from .config import (
     WARMUP_KEY,
@@ -28,8 +29,10 @@ from .config import (
     LengthShapingConfig,
     ScheduleStage,
     _unwrapped,
+    config_error,
     scheduled_leaf,
 )
+from .terms import terms
 
 #: the checkpoint file that records the schedule and its values at the saved step
 STATE_FILE = "length_schedule_state.json"
@@ -75,6 +78,60 @@ def scheduled_values(config: LengthShapingConfig, step: int) -> dict[str, float]
         owner, name = scheduled_leaf(config, schedule.key)
         values[schedule.key] = value_at(schedule, step, getattr(owner, name))
     return values
+
+
+def stage_steps(config: LengthShapingConfig) -> list[int]:
+    """The first and the last step between each two consecutive stage ends (0 is the first end). In between
+    every scheduled key is constant or linear in the step, and the config's rules are bounds and orderings,
+    so a rule that holds at both steps holds at every step between them (§3.7)."""
+    ends = sorted({0, *(stage.until_step for s in schedules(config) for stage in s.stages)})
+    return sorted({*ends[:-1], *(end - 1 for end in ends[1:])})
+
+
+def stage_config_values(config: LengthShapingConfig, step: int) -> dict[str, Any]:
+    """The keys a user would write to get the config of ``step``: the config's own keys with each scheduled
+    key at its value, without schedule or warm-up. A switch scheduled to 0 keeps the config's value: the
+    stage switches its term's effect off, not the term (§3.7)."""
+    switches = {WARMUP_KEY, *(key for term in terms() for key in term.switches)}
+    values = config.model_dump(
+        exclude_unset=True, exclude={"length_schedule", "length_penalty_coeff_warmup_steps"}
+    )
+    for key, value in scheduled_values(config, step).items():
+        *path, name = key.split(".")
+        if value == 0 and name in switches:
+            continue
+        node = values
+        for part in path:
+            node = node.setdefault(part, {})
+        node[name] = value
+    return values
+
+
+def _stages_at(config: LengthShapingConfig, step: int) -> str:
+    """The stages in force at ``step``, by their key paths."""
+    names = [
+        f"length_schedule.{index}.stages.{number}"
+        for index, schedule in enumerate(config.length_schedule)
+        for number, stage in enumerate(schedule.stages)
+        if step < stage.until_step and (number == 0 or step >= schedule.stages[number - 1].until_step)
+    ]
+    if step < config.length_penalty_coeff_warmup_steps:
+        names.append("length_penalty_coeff_warmup_steps")
+    return ", ".join(names)
+
+
+def check_stage_configs(config: LengthShapingConfig) -> None:
+    """Refuse a schedule that reaches a configuration the loader would refuse as a base configuration
+    (``ValueError``, one line naming the stage, the step and the key): each step of :func:`stage_steps` is
+    checked by the base configuration's own rules (§3.7)."""
+    for step in stage_steps(config):
+        try:
+            LengthShapingConfig.model_validate(stage_config_values(config, step))
+        except ValidationError as err:
+            problem = config_error(err, model=LengthShapingConfig)
+            raise ValueError(
+                f"{_stages_at(config, step)}: the config of step {step} is refused: {problem}"
+            ) from None
 
 
 def _copy(model: BaseModel, update: dict[str, Any]) -> BaseModel:

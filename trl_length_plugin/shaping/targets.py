@@ -35,8 +35,9 @@ def _checked_target(value: Any, where: str) -> float:
 def prompt_with_target(prompt: Any, n: float, template: str = DEFAULT_TEMPLATE) -> Any:
     """``prompt`` asking for ``n``: the instruction (``template`` with ``{n}``) appended after a space to a
     plain prompt, or to the content of the last ``user`` message of a conversational one (a new text part
-    when that content is a list of parts). The input is not modified."""
-    instruction = _instruction(template, n)
+    when that content is a list of parts). The input is not modified; ``n`` is checked as a dataset's targets
+    are (a number in (0, 2**53], docs/reference/length-penalties.md §2.20)."""
+    instruction = _instruction(template, _checked_target(n, "prompt_with_target"))
     if isinstance(prompt, str):
         return f"{prompt} {instruction}" if prompt else instruction
     if not isinstance(prompt, Sequence) or not all(isinstance(m, Mapping) for m in prompt):
@@ -69,6 +70,17 @@ def _check_range(target_range: Sequence[int]) -> tuple[int, int]:
     return low, high
 
 
+_NO_TARGETS = "no target_length column to take targets from; give target_range or targets"
+
+
+def _column_names(dataset: Any) -> list[str] | None:
+    """The columns of a ``datasets`` dataset, or of a list of rows (any row's); None when unknown (a
+    streaming dataset before its first row)."""
+    if isinstance(dataset, list):
+        return list({key: None for row in dataset for key in row})
+    return getattr(dataset, "column_names", None)
+
+
 def add_target_lengths(
     dataset: Any,
     target_range: Sequence[int] | None = None,
@@ -83,12 +95,17 @@ def add_target_lengths(
     The targets: drawn per row from ``target_range`` (``low, high``, integers, seeded by ``seed`` and the row
     index), or given per row (``targets``), or else the dataset's own ``target_length`` column (as
     ``trl-length profile --targets`` writes it). A row whose target is None keeps its prompt and gets None.
+    Nothing to take targets from (no range, no ``targets``, no ``target_length`` column) and a row without
+    ``prompt_column`` are ValueErrors naming what is missing.
     """
     if "{n}" not in template:
         raise ValueError(f"template must contain {{n}}, got {template!r}")
     if target_range is not None and targets is not None:
         raise ValueError("give target_range or targets, not both")
     bounds = None if target_range is None else _check_range(target_range)
+    from_column = target_range is None and targets is None
+    if from_column and TARGET not in (_column_names(dataset) or [TARGET]):
+        raise ValueError(_NO_TARGETS)
 
     def rewrite(row: Mapping[str, Any], index: int) -> dict[str, Any]:
         if bounds is not None:
@@ -100,6 +117,11 @@ def add_target_lengths(
         if target is None:
             return {**row, TARGET: None}
         target = _checked_target(target, f"row {index}")
+        if prompt_column not in row:
+            raise ValueError(
+                f"row {index}: no {prompt_column!r} column to ask for the target in (prompt_column; "
+                f"the row has {', '.join(map(repr, row)) or 'no columns'})"
+            )
         return {
             **row,
             TARGET: target,

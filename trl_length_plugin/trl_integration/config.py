@@ -8,7 +8,6 @@ the arguments are parsed, before any model is loaded, with one line naming the k
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +23,9 @@ from trl_length_plugin.shaping.config import (
     LengthConfigError,
     LengthPenaltyConfig,
     LengthShapingConfig,
+    length_limit_error,
     load_shaping_config,
+    read_json,
 )
 from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan
 from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
@@ -50,9 +51,9 @@ def explicit_keys(keys: frozenset[str]) -> Iterator[None]:
 
 def _json_mapping(key: str, text: str) -> dict:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{key}: not valid JSON ({err})") from None
+        return read_json(text)
+    except ValueError as err:
+        raise ValueError(f"{key}: {err}") from None
 
 
 @dataclass
@@ -79,7 +80,7 @@ class LengthPluginGRPOConfig(GRPOConfig):
         if self.vllm_engine_kwargs is not None and not isinstance(self.vllm_engine_kwargs, dict):
             raise ValueError("vllm_engine_kwargs: expected a mapping or a JSON object string")
         if isinstance(self.length_penalty, str) and self.length_penalty.strip().startswith("{"):
-            self.length_penalty = json.loads(self.length_penalty)  # stored as a mapping for loggers
+            self.length_penalty = read_json(self.length_penalty)  # stored as a mapping for loggers
         self._check_combinations()
         if self.luspo:
             from trl_length_plugin.trl_integration.luspo import apply_luspo_defaults
@@ -103,6 +104,9 @@ class LengthPluginGRPOConfig(GRPOConfig):
         return self.shaping.length_penalty
 
     def _check_combinations(self) -> None:
+        limit_error = length_limit_error(self.shaping, self.max_completion_length, "max_completion_length")
+        if limit_error is not None:
+            raise ValueError(limit_error)
         if self.shaping.enabled and self.multi_objective_aggregation == "normalize_then_sum":
             raise ValueError(
                 "multi_objective_aggregation: 'normalize_then_sum' cannot be combined with length shaping "

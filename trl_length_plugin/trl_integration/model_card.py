@@ -86,6 +86,20 @@ SCORE_CENTERING = Citation(
     howpublished = {\\url{https://docs.nvidia.com/nemo/rl/nightly/guides/score-centering.html}},
 }""",
 )
+#: the method's paper, which NeMo RL's implementation cites (its API reference: "arXiv:2609.20807, Eq. 14")
+SCORE_CENTERING_PAPER = Citation(
+    "score centering (the method)",
+    "Marek and Ryabinin, Score Centering Stabilizes Off-policy Reinforcement Learning (arXiv:2609.20807)",
+    """\
+@misc{marek2026scorecentering,
+    title        = {{Score Centering Stabilizes Off-policy Reinforcement Learning}},
+    author       = {Martin Marek and Max Ryabinin},
+    year         = 2026,
+    eprint       = {2609.20807},
+    archivePrefix = {arXiv},
+    url          = {https://arxiv.org/abs/2609.20807},
+}""",
+)
 
 
 @dataclass(frozen=True)
@@ -110,7 +124,7 @@ def trainer_card(args) -> LengthCard:
         citations.append(LUSPO)
     if args.score_centering_plan is not None:
         done.append(args.score_centering_plan.summary())
-        citations.append(SCORE_CENTERING)
+        citations += [SCORE_CENTERING, SCORE_CENTERING_PAPER]
     return LengthCard("; ".join(done), settings, (*citations, PLUGIN))
 
 

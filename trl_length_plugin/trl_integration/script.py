@@ -149,6 +149,8 @@ def load_datasets(script_args, training_args, dataset_args, dataset_map):
             name, name=script_args.dataset_config, streaming=script_args.dataset_streaming
         )
     train = splits[script_args.dataset_train_split]
+    if script_args.dataset_streaming and not isinstance(train, datasets.IterableDataset):
+        train = train.to_iterable_dataset()  # the embedded task or a saved dataset, streamed as asked
     evaluation = splits[script_args.dataset_test_split] if want_eval else None
     if dataset_map is not None:
         train = train.map(dataset_map)

@@ -65,6 +65,20 @@ def switched_on(value: Any) -> bool:
     return value not in (0, False, "none")
 
 
+def idle_key_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
+    """``key: message`` for a term's key set (in ``given``) to a value other than its default while none of
+    the term's switches turns it on in ``params``: the key would do nothing, whatever the term
+    (docs/reference/length-penalties.md §2.6). Writing a default changes nothing and is accepted."""
+    errors = []
+    for term in terms():
+        keys = set(term.parameters) - set(term.switches)
+        idle = sorted(key for key in given & keys if params[key] != term.parameters[key].default)
+        if idle and not any(switched_on(params[key]) for key in term.switches):
+            needs = " or ".join(term.parameters[key].switched_on_text(key) for key in term.switches)
+            errors.append(f"{idle[0]}: needs {needs} (the key that switches its term on)")
+    return errors
+
+
 @dataclass(frozen=True)
 class Parameter:
     """One flat ``length_penalty`` key: its type (with its constraints), default and description; a string
@@ -79,6 +93,12 @@ class Parameter:
     def field(self) -> tuple[Any, FieldInfo]:
         """The pydantic field definition: ``(annotation, Field(default, description=...))``."""
         return self.annotation, Field(self.default, description=self.description)
+
+    def switched_on_text(self, key: str) -> str:
+        """How a user switches this key on: ``key: a or b`` (choices), ``key: true`` or ``key > 0``."""
+        if self.choices():
+            return f"{key}: {' or '.join(c for c in self.choices() if switched_on(c))}"
+        return f"{key}: true" if self.annotation is bool else f"{key} > 0"
 
     def choices(self) -> tuple[str, ...]:
         """The values a string key is indexed by, or () for other keys."""

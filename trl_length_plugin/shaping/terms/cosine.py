@@ -10,10 +10,9 @@ output is the change.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..fields import CHANNELS, Channel, Count, Number
+from ..fields import CHANNELS, Bounded, Channel, Count
 from . import REWARD, Parameter, register_term
 
 if TYPE_CHECKING:
@@ -24,23 +23,14 @@ if TYPE_CHECKING:
 
 PARAMETERS = {
     "cosine_max_length": Parameter(Count, 0, "L_max, the length where progress reaches 1; 0 is off (§2.18)"),
-    "cosine_min_value_wrong": Parameter(Number, -1.0, "a wrong rollout's reward at progress 1 (§2.18)"),
-    "cosine_max_value_wrong": Parameter(Number, -0.5, "a wrong rollout's reward at progress 0 (§2.18)"),
-    "cosine_min_value_correct": Parameter(Number, 0.5, "a correct rollout's reward at progress 1 (§2.18)"),
-    "cosine_max_value_correct": Parameter(Number, 1.0, "a correct rollout's reward at progress 0 (§2.18)"),
+    "cosine_min_value_wrong": Parameter(Bounded, -1.0, "a wrong rollout's reward at progress 1 (§2.18)"),
+    "cosine_max_value_wrong": Parameter(Bounded, -0.5, "a wrong rollout's reward at progress 0 (§2.18)"),
+    "cosine_min_value_correct": Parameter(Bounded, 0.5, "a correct rollout's reward at progress 1 (§2.18)"),
+    "cosine_max_value_correct": Parameter(Bounded, 1.0, "a correct rollout's reward at progress 0 (§2.18)"),
     "cosine_channel": Parameter(
         Channel, "total", "the length channel progress is measured on (§2.5)", CHANNELS
     ),
 }
-
-
-def cosine_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
-    """A ``cosine_*`` key set without ``cosine_max_length``."""
-    if not params["cosine_max_length"] and any(
-        key in given for key in PARAMETERS if key != "cosine_max_length"
-    ):
-        return ["cosine_max_length: needs a value > 0 when a cosine_* key is set"]
-    return []
 
 
 def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -55,7 +45,6 @@ def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     parameters=PARAMETERS,
     switches=("cosine_max_length",),
     metrics=cosine_metrics,
-    check=cosine_errors,
 )
 def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     import torch

@@ -30,15 +30,14 @@ PARAMETERS = {
 
 
 def overlong_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
-    """``0 < overlong_buffer <= overlong_max_length`` when either is set."""
+    """``0 < overlong_buffer <= overlong_max_length`` when the maximum is set (a buffer without it is refused
+    as every term's key without its switch, ``idle_key_errors``)."""
     errors = []
     longest, buffer = params["overlong_max_length"], params["overlong_buffer"]
     if longest and not 0 < buffer <= longest:
         errors.append(
             f"overlong_buffer: needs 0 < overlong_buffer <= overlong_max_length ({longest}), got {buffer}"
         )
-    if buffer and not longest:
-        errors.append("overlong_buffer: needs overlong_max_length > 0 (the maximum length it ends at)")
     return errors
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..fields import NonNegative, Number, PositiveCount
+from ..fields import Bounded, NonNegative, PositiveCount
 from . import Parameter, register_term
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 PARAMETERS = {
     "profiled_length_penalty": Parameter(NonNegative, 0.0, "the penalty at or above the threshold (§2.10)"),
-    "profiled_length_n_std": Parameter(Number, 1.0, "n_std, the threshold's standard deviations (§2.10)"),
+    "profiled_length_n_std": Parameter(Bounded, 1.0, "n_std, the threshold's standard deviations (§2.10)"),
     "profiled_length_min_samples": Parameter(
         PositiveCount, 2, "the passing profiled lengths a threshold needs (§2.10)"
     ),

@@ -43,11 +43,8 @@ PARAMETERS = {
 
 
 def target_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
-    """A ``target_length_*`` key set without a mode, or a delta with ``exact``."""
+    """A delta with ``exact`` (a key without a mode is refused as every term's, ``idle_key_errors``)."""
     errors = []
-    target = [key for key in given if key.startswith("target_length_")]
-    if target and params["target_length"] == "none":
-        errors.append(f"{sorted(target)[0]}: needs target_length: exact or max")
     if "target_length_delta" in given and params["target_length"] == "exact":
         errors.append("target_length_delta: needs target_length: max (exact has no delta)")
     return errors

@@ -31,8 +31,10 @@ PARAMETERS = {
 
 
 def truncation_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
-    """``truncation_penalty_factor`` set without ``truncation: penalty``."""
-    if "truncation_penalty_factor" in given and params["truncation"] != "penalty":
+    """``truncation_penalty_factor`` set to a value other than its default without ``truncation: penalty``
+    (as every term's key without its switch, ``idle_key_errors``)."""
+    factor = "truncation_penalty_factor"
+    if factor in given and params[factor] != PARAMETERS[factor].default and params["truncation"] != "penalty":
         return ["truncation_penalty_factor: needs truncation: penalty"]
     return []
 
