@@ -227,7 +227,6 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arit
     if (target / "config.json").exists():
         return target
     torch = require("torch", "trl")
-    target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(seed, task)
     model = build_model(tokenizer, seed)
     if warm_start:
@@ -242,6 +241,13 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arit
         finally:
             set_threads(threads)
         logger.info("warm start done: loss %.3f -> %.3f", losses[0], losses[-1])
+    return save_to_cache(target, model, tokenizer)
+
+
+def save_to_cache(target: Path, model, tokenizer) -> Path:
+    """Save ``model`` and ``tokenizer`` as the cache folder ``target`` in one rename (a folder another process
+    built at the same time is kept)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)

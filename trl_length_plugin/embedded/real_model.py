@@ -12,13 +12,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from trl_length_plugin._optional import require
-from trl_length_plugin.embedded.model import cache_root
+from trl_length_plugin.embedded.model import cache_root, save_to_cache
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -83,12 +81,4 @@ def real_model_dir(name: str = "smollm2-135m-instruct") -> Path:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=gguf.name, dtype=torch.float32
     )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(target)
-    except OSError:  # built concurrently by another process: keep theirs
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return save_to_cache(target, model, tokenizer)
