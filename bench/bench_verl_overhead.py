@@ -2,8 +2,9 @@
 
 Each arm is one ``trl-length verl-smoke`` run of the same base configuration (the shipped GRPO recipe without
 its length block, on the embedded warm model: 4 prompts x 8 rollouts of up to 48 tokens a step, learning rate
-1e-6), in one invocation of this script; verl's ``timing_s/step`` over the steps after the first (the first
-includes vLLM's warm-up), its median, and the peak of verl's ``actor/perf/cpu_memory_used_gb`` (the trainer
+1e-6), in one invocation of this script; verl's ``timing_s/step`` and its phases (generation, old logprobs,
+advantages: where the shaping runs, the actor update) over the steps after the first (the first includes vLLM's
+warm-up), their medians, and the peak of verl's ``actor/perf/cpu_memory_used_gb`` (the trainer
 worker's host memory). Ratios are against plain GRPO of the same invocation; with ``--rounds 2`` the arms run
 twice in alternating order (ABC..CBA) and each arm's steps are pooled. Targets: shaping and LUSPO at most
 1.05x of plain GRPO's step; score centering reported at K = 16 and 64.
@@ -35,6 +36,8 @@ SCORE_CENTERING = [
     "+score_centering_importance_sampling=auto",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
 ]
+#: verl's phases of a step: generation, the actor's old logprobs, advantages (the shaping runs here), the update
+PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor")
 ARMS = {
     "plain GRPO": [],
     "group penalties (the recipe's block)": [f"+length_penalty={BLOCK}"],
@@ -69,7 +72,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    step_times: dict[str, list[float]] = {name: [] for name in ARMS}
+    phases = ("timing_s/step", *PHASES)
+    times: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in phases} for name in ARMS}
     memory: dict[str, float] = dict.fromkeys(ARMS, 0.0)
     names = list(ARMS)
     with tempfile.TemporaryDirectory() as root:
@@ -77,20 +81,22 @@ def main() -> None:
             for i, name in enumerate(names if round_index % 2 == 0 else names[::-1]):
                 metrics = run_arm(ARMS[name], args.steps, Path(root) / f"{round_index}-{i}")
                 later = [metrics[s] for s in sorted(metrics) if s > 1]
-                step_times[name] += [row["timing_s/step"] for row in later]
+                for phase in phases:
+                    times[name][phase] += [row.get(phase, 0.0) for row in later]
                 memory[name] = max(
                     memory[name], *(row["actor/perf/cpu_memory_used_gb"] for row in metrics.values())
                 )
-                print(
-                    f"# {name}: {len(later)} steps, median {statistics.median(step_times[name]):.3f} s",
-                    flush=True,
+                medians = ", ".join(
+                    f"{p.split('/')[1]} {statistics.median(times[name][p]):.3f}" for p in phases
                 )
-    header(
-        f"verl step time, steps 2-{args.steps} of each run, median (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')})"
-    )
-    base = statistics.median(step_times["plain GRPO"])
-    for name in names[1:]:
-        report(name, statistics.median(step_times[name]), base, unit="s")
+                print(f"# {name}: {len(later)} steps, medians (s): {medians}", flush=True)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    print(f"# verl's timings of steps 2-{args.steps} of each run (OMP_NUM_THREADS={threads})")
+    for phase in phases:
+        header(f"{phase}, steps 2-{args.steps}, median")
+        base = statistics.median(times["plain GRPO"][phase])
+        for name in names[1:]:
+            report(name, statistics.median(times[name][phase]), base, unit="s")
     header("peak trainer-worker host memory (actor/perf/cpu_memory_used_gb)")
     for name in names[1:]:
         report(name, memory[name], memory["plain GRPO"], unit="GB")
