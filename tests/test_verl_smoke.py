@@ -70,6 +70,16 @@ def test_first_error_is_the_workers_exception_line():
         == "driver: ValueError: bad"
     )
     assert first_error(["all fine", "UserWarning: not an error line"]) is None
+    # each process's traceback on its own: another worker's line inside it is not its exception line
+    interleaved = [
+        "(A pid=1) Traceback (most recent call last):",
+        "(B pid=2) Done",
+        "(A pid=1) KeyError: 'x'",
+    ]
+    assert first_error(interleaved) == "A pid=1: KeyError: 'x'"
+    assert first_error(["(pid=9) Traceback (most recent call last):", "(pid=9) OSError: disk"]) == (
+        "worker pid=9: OSError: disk"
+    )
 
 
 def test_cpu_overrides_keep_every_algorithm_loss_and_plugin_key(tmp_path):
@@ -95,16 +105,24 @@ def test_the_response_fits_the_users_length_limits(tmp_path):
     assert "++data.max_response_length=48" in cpu_overrides([], 2, tmp_path, tmp_path).overrides
 
 
-def test_local_data_and_reward_function_are_kept(tmp_path):
-    train, reward = tmp_path / "train.parquet", tmp_path / "reward.py"
-    train.write_text(""), reward.write_text("")
+def test_local_data_and_reward_function_are_kept_with_a_model_of_the_users(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.parquet").write_text(""), (tmp_path / "reward.py").write_text("")
     user = [
-        f"data.train_files={train}",
-        f"data.val_files={train}",
-        f"reward.custom_reward_function.path={reward}",
+        "data.train_files=train.parquet",
+        "data.val_files=train.parquet",
+        "reward.custom_reward_function.path=reward.py",
     ]
-    keys = {o.lstrip("+").split("=", 1)[0] for o in cpu_overrides(user, 2, tmp_path, tmp_path).overrides}
-    assert not keys & {"data.train_files", "data.val_files", "reward.custom_reward_function.path"}
+    kept = cpu_overrides(user, 2, tmp_path, tmp_path / "run").overrides
+    # verl runs in the run folder: kept relative paths become absolute
+    assert f"++data.train_files={tmp_path / 'train.parquet'}" in kept
+    assert f"++reward.custom_reward_function.path={tmp_path / 'reward.py'}" in kept
+    assert not (tmp_path / "run" / "data").exists()
+    # the embedded model's tokenizer knows only its task: its data replaces the user's, the user's reward stays
+    replaced = cpu_overrides(user, 2, tmp_path, tmp_path / "run", own_data=False).overrides
+    assert f"++data.train_files={tmp_path / 'run' / 'data' / 'train.parquet'}" in replaced
+    assert f"++reward.custom_reward_function.path={tmp_path / 'reward.py'}" in replaced
+    assert not any("embedded_reward" in o for o in replaced)
 
 
 def test_verdict_needs_every_step_finite_with_the_plugins_metrics():
@@ -198,6 +216,24 @@ def test_a_run_past_its_limit_is_ended(tmp_path):
         [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path, 2, 2, say=lambda line: None
     )
     assert outcome.code == 124 and outcome.error.startswith("timed out after 2 s")
+    assert not processes_in(tmp_path)
+
+
+#: a run that prints a handled error, then goes on printing and finishes
+GOES_ON_AFTER_AN_ERROR = (
+    "import time\n"
+    "print('(WorkerDict pid=5) Traceback (most recent call last):', flush=True)\n"
+    "print('(WorkerDict pid=5) ValueError: handled and logged', flush=True)\n"
+    "for i in range(8):\n"
+    "    time.sleep(0.5)\n"
+    "    print('working', i, flush=True)\n"
+)
+
+
+def test_an_error_line_followed_by_progress_does_not_end_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(smoke, "STALL_AFTER_ERROR_S", 2.0)
+    outcome = train([sys.executable, "-c", GOES_ON_AFTER_AN_ERROR], tmp_path, 60, 2, say=lambda line: None)
+    assert (outcome.code, outcome.error) == (0, None)
 
 
 def processes_in(run_dir: Path) -> list[int]:

@@ -36,7 +36,8 @@ def smoke(tmp_path: Path, *args: str, env: dict | None = None, steps: int = 2):
         "--run-dir",
         str(run_dir),
     ]
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    # DATA_DIR: the recipes' data folder, absent here whatever this machine holds, so each run uses the embedded task
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "DATA_DIR": str(tmp_path / "no-data"), **(env or {})}
     done = subprocess.run(
         command,
         capture_output=True,

@@ -48,6 +48,8 @@ VLLM_CPU = {
     "vllm_max_model_length": "512",
 }
 PLUGIN_PREFIXES = ("length_penalty/", "length_schedule/", "score_centering/", "luspo/")
+#: one recipe's limit (a step on the real model takes about a minute)
+TIMEOUT_S = 900
 
 
 def model_folder(model: str) -> Path:
@@ -133,7 +135,10 @@ def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root:
     command += recipe_flags(recipe, model, data, steps, output)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # subprocess.run killed the trainer; vLLM runs in-process
+        return False, f"{name:<28} {time.monotonic() - started:6.0f} s  FAIL: timed out after {TIMEOUT_S} s"
     seconds = time.monotonic() - started
     found = problems(done, output, recipe)
     verdict = "PASS" if not found else "FAIL: " + "; ".join(found)

