@@ -55,6 +55,10 @@ def test_recipe_flags_keep_the_algorithm_and_replace_the_rest(tmp_path):
     assert values["--dataset_name"] == str(tmp_path / "data.jsonl") and values["--bf16"] == "false"
     assert values["--vllm_mode"] == "colocate" and '"enforce_eager": true' in values["--vllm_engine_kwargs"]
     assert not {"--length_penalty", "--luspo", "--learning_rate", "--temperature", "--beta"} & set(values)
+    overlong = recipe_flags(
+        {"length_penalty": {"default": {"overlong_max_length": 512}}}, tmp_path, tmp_path, 1, tmp_path
+    )
+    assert overlong[overlong.index("--max_completion_length") + 1] == "512"  # the recipe's limit must fit
     embedded = recipe_flags({"dataset_name": "embedded"}, tmp_path, tmp_path, 1, tmp_path)
     assert "--dataset_name" not in embedded and "--vllm_mode" not in embedded
 

@@ -64,6 +64,15 @@ def model_folder(model: str) -> Path:
     return Path(model)
 
 
+def completion_length(recipe: dict) -> int:
+    """48 tokens, or more where the recipe's length limits need it: the overlong maximum within the completion,
+    the coefficient's floor below it (docs/reference/length-penalties.md §2.1)."""
+    block = (recipe.get("length_penalty") or {}).get("default") or {}
+    needs = [int(SIZES["max_completion_length"]), int(block.get("overlong_max_length") or 0)]
+    needs.append(int(recipe.get("length_penalty_min_tokens") or 0) + 16)
+    return max(needs)
+
+
 def recipe_flags(recipe: dict, model: Path, data: Path, steps: int, output: Path) -> list[str]:
     """The flags that turn ``recipe`` into a CPU run of ``steps`` steps on ``model``."""
     values = {
@@ -73,6 +82,7 @@ def recipe_flags(recipe: dict, model: Path, data: Path, steps: int, output: Path
         "max_steps": str(steps),
         "output_dir": str(output),
     }
+    values["max_completion_length"] = str(completion_length(recipe))
     if recipe.get("dataset_name") != "embedded":
         values["dataset_name"] = str(data)
     if recipe.get("use_vllm"):
