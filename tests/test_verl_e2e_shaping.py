@@ -4,13 +4,13 @@ what every test asserts: ``tests/verl_e2e_helpers.py``). Nothing is faked."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from tests.verl_e2e_helpers import RECIPES, REPO, assert_trained, processes_of, smoke
+from verl_adapter.smoke import run_segments
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -57,19 +57,18 @@ def test_group_penalties_train_and_step_one_rewards_equal_the_core(tmp_path):
 
 def test_a_runtime_error_fails_in_one_line_and_leaves_nothing(tmp_path):
     """A copy of a recipe whose reward function raises: FAIL naming the process and the error, exit 1, no process
-    of the run's session and no weight segment of its own left."""
+    of the run's session and no shared-memory segment of its own left."""
     reward = tmp_path / "bad_reward.py"
     reward.write_text(
         "def compute_score(*args, **kwargs):\n    raise RuntimeError('planted error in the reward')\n"
     )
     recipe = tmp_path / "recipe.sh"
     recipe.write_text((RECIPES / "luspo_qwen2.5-0.5b.sh").read_text())
-    before = set(Path("/dev/shm").glob("verl_weights_*"))
+    before = run_segments()
     done, _, _ = smoke(tmp_path, str(recipe), f"reward.custom_reward_function.path={reward}")
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if "FAIL" in line]
     assert len(errors) == 1 and "RuntimeError: planted error in the reward" in errors[0], done.stderr[-2000:]
     assert "pid=" in errors[0]
     assert not processes_of(tmp_path / "run")
-    left = [p for p in Path("/dev/shm").glob("verl_weights_*") if p not in before]
-    assert not left
+    assert not run_segments() - before

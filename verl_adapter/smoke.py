@@ -300,20 +300,24 @@ def _held_open() -> set[str]:
     return held
 
 
-def remove_weight_segments(before: set[str]) -> list[str]:
-    """Remove the ``/dev/shm/verl_weights_*`` segments that appeared since ``before`` and no live process holds."""
+#: the shared-memory segments a run makes: verl's weight buckets and vLLM's message queues (Python's
+#: ``multiprocessing.shared_memory`` names), left behind when their processes are killed
+SEGMENTS = ("verl_weights_*", "psm_*")
+
+
+def run_segments() -> set[str]:
+    return {str(p) for pattern in SEGMENTS for p in Path("/dev/shm").glob(pattern)}
+
+
+def remove_run_segments(before: set[str]) -> list[str]:
+    """Remove the ``SEGMENTS`` that appeared since ``before`` and no live process holds."""
     held = _held_open()
     removed = []
-    for path in Path("/dev/shm").glob("verl_weights_*"):
-        if str(path) not in before and str(path) not in held:
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed.append(path.name)
+    for path in sorted(run_segments() - before - held):
+        with contextlib.suppress(OSError):
+            Path(path).unlink()
+            removed.append(Path(path).name)
     return removed
-
-
-def weight_segments() -> set[str]:
-    return {str(p) for p in Path("/dev/shm").glob("verl_weights_*")}
 
 
 # -- reading the run -------------------------------------------------------------------------------------------
@@ -436,7 +440,7 @@ def train(command: list[str], run_dir: Path, timeout_s: float, steps: int, say=p
     or SIGTERM."""
     log_path, metrics_path = run_dir / "main_ppo.log", run_dir / "metrics.jsonl"
     metrics_path.unlink(missing_ok=True)  # a kept run folder's last run
-    segments = weight_segments()
+    segments = run_segments()
     start = time.monotonic()
     error, code = None, 1
     with open(log_path, "w") as log:
@@ -459,7 +463,7 @@ def train(command: list[str], run_dir: Path, timeout_s: float, steps: int, say=p
             end_session(process.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
-            remove_weight_segments(segments)
+            remove_run_segments(segments)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     return Outcome(code, error, read_metrics(metrics_path), log_path, time.monotonic() - start)
