@@ -20,6 +20,7 @@ from verl_adapter.smoke import (
     cpu_overrides,
     end_session,
     first_error,
+    run_segments,
     screen,
     session_processes,
     train,
@@ -211,12 +212,21 @@ def test_a_run_stalled_after_a_worker_error_ends_in_one_line(tmp_path, monkeypat
     assert not processes_in(tmp_path)
 
 
-def test_a_run_past_its_limit_is_ended(tmp_path):
-    outcome = train(
-        [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path, 2, 2, say=lambda line: None
-    )
-    assert outcome.code == 124 and outcome.error.startswith("timed out after 2 s")
+#: a run that holds a shared-memory segment (as vLLM's queues do) and outlives its limit
+HOLDS_A_SEGMENT = (
+    "import time\nfrom multiprocessing import shared_memory\n"
+    "segment = shared_memory.SharedMemory(create=True, size=4096)\nprint(segment.name, flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_run_past_its_limit_is_ended_and_leaves_no_segment(tmp_path):
+    before = run_segments()
+    outcome = train([sys.executable, "-c", HOLDS_A_SEGMENT], tmp_path, 3, 2, say=lambda line: None)
+    assert outcome.code == 124 and outcome.error.startswith("timed out after 3 s")
     assert not processes_in(tmp_path)
+    name = (tmp_path / "main_ppo.log").read_text().split()[0]
+    assert name.startswith("psm_") and not run_segments() - before
 
 
 #: a run that prints a handled error, then goes on printing and finishes
