@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tests.verl_e2e_helpers import RECIPES, REPO, assert_trained, processes_of, smoke
-from verl_adapter.smoke import run_segments
+from verl_adapter.smoke import leftover_segments, run_segments
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -71,4 +71,4 @@ def test_a_runtime_error_fails_in_one_line_and_leaves_nothing(tmp_path):
     assert len(errors) == 1 and "RuntimeError: planted error in the reward" in errors[0], done.stderr[-2000:]
     assert "pid=" in errors[0]
     assert not processes_of(tmp_path / "run")
-    assert not run_segments() - before
+    assert not leftover_segments(before)

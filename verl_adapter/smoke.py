@@ -309,11 +309,15 @@ def run_segments() -> set[str]:
     return {str(p) for pattern in SEGMENTS for p in Path("/dev/shm").glob(pattern)}
 
 
+def leftover_segments(before: set[str]) -> set[str]:
+    """The ``SEGMENTS`` that appeared since ``before`` and no live process holds."""
+    return run_segments() - before - _held_open()
+
+
 def remove_run_segments(before: set[str]) -> list[str]:
-    """Remove the ``SEGMENTS`` that appeared since ``before`` and no live process holds."""
-    held = _held_open()
+    """Remove the ``leftover_segments``."""
     removed = []
-    for path in sorted(run_segments() - before - held):
+    for path in sorted(leftover_segments(before)):
         with contextlib.suppress(OSError):
             Path(path).unlink()
             removed.append(Path(path).name)
