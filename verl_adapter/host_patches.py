@@ -20,13 +20,15 @@ import logging
 import sys
 from collections.abc import Callable
 
+from trl_length_plugin.vllm_cpu import VLLM_CPU_DISPATCH
+
 logger = logging.getLogger("trl_length_plugin")
 
 #: every internal patched here -> the parameters the patch relies on
 INTERNALS: dict[str, tuple[str, ...]] = {
     "verl.utils.import_utils.is_trl_available": (),
     "verl.utils.distributed.initialize_global_process_group_ray": ("timeout_second", "backend"),
-    "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm": ("layer", "remove_weight"),
+    "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm": VLLM_CPU_DISPATCH,
 }
 #: the verl modules that import ``is_trl_available`` by name (verl 0.9.1)
 TRL_PROBE_USERS = ("verl.models.transformers.monkey_patch", "verl.utils.model")
