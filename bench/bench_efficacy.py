@@ -249,7 +249,7 @@ def length_arms(max_len: int) -> list[Arm]:
 #: every arm of the grid on each task: ours, then the peers at the task's maximum length
 TASK_ARMS = {
     name: [*OWN_ARMS, *length_arms(task.max_length), *peer_arms(task.max_length)]
-    for name, task in demo.TASKS.items()
+    for name, task in demo.GRID_TASKS.items()
 }
 ARMS = TASK_ARMS[demo.ARITHMETIC.name]
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
@@ -298,10 +298,10 @@ def with_targets(dataset, held_out, profiles: dict[str, dict], template: str) ->
     )
 
 
-def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
+def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool = True) -> dict:
     """The warm model of ``task`` and ``seed`` before any RL: its held-out ``eval`` figures
-    (``demo.held_out_figures``), and ``profiles`` of its own rollouts, ``PROFILE_SAMPLES`` per training
-    problem at the training settings: ``profiled_rewards``, ``profiled_output_lengths`` (total length in
+    (``demo.held_out_figures``), and (``profiled``: for a grid with profile arms) ``profiles`` of its own
+    rollouts, ``PROFILE_SAMPLES`` per training problem at the training settings: ``profiled_rewards``, ``profiled_output_lengths`` (total length in
     tokens as the shaping measures it, docs/reference/length-penalties.md §2.5) and a ``band`` from the
     passing lengths (a, b = their 25th and 75th percentiles; none with fewer than two passing rollouts)."""
     from transformers import AutoModelForCausalLM
@@ -314,8 +314,13 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     held_out_problems = task.held_out()
     held_out = demo.sample(
-        model, tokenizer, held_out_problems, demo.EVAL_SAMPLES, demo.HELD_OUT_SEED, task.max_length
+        model, tokenizer, held_out_problems, task.eval_samples, demo.HELD_OUT_SEED, task.max_length, task
     )
+    evaluated = dict(
+        settings=warm_settings(task, profiled), eval=demo.held_out_figures(held_out, held_out_problems)
+    )
+    if not profiled:
+        return {**evaluated, "profiles": {}}
     problems = demo.distinct_problems(task.training_set(seed))
     rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed, task.max_length)
     totals = measure_lengths([r["text"] for r in rollouts], "tokens", tokenizer).total.tolist()
@@ -332,11 +337,12 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC) -> dict:
             PROFILED_OUTPUT_LENGTHS: [total for _, total in mine],
             "band": band,
         }
-    return dict(
-        settings=warm_settings(task),
-        eval=demo.held_out_figures(held_out, held_out_problems),
-        profiles=profiles,
-    )
+    return {**evaluated, "profiles": profiles}
+
+
+def described(task: demo.Task) -> str:
+    """The task as the plots' titles name it."""
+    return f"{task.real_model}, one-step arithmetic" if task.real_model else f"the embedded {task.name} task"
 
 
 def with_task(stored: dict, task: demo.Task) -> dict:
@@ -345,15 +351,13 @@ def with_task(stored: dict, task: demo.Task) -> dict:
     return stored if task is demo.ARITHMETIC else {**stored, "task": task.name, "warm_seed": task.warm_seed}
 
 
-def warm_settings(task: demo.Task = demo.ARITHMETIC) -> dict:
-    return json.loads(
-        json.dumps(
-            with_task(
-                dict(eval_samples=demo.EVAL_SAMPLES, profile_samples=PROFILE_SAMPLES, training=task.training),
-                task,
-            )
-        )
+def warm_settings(task: demo.Task = demo.ARITHMETIC, profiled: bool = True) -> dict:
+    stored = dict(
+        eval_samples=task.eval_samples,
+        profile_samples=PROFILE_SAMPLES if profiled else 0,
+        training=task.training,
     )
+    return json.loads(json.dumps(with_task(stored, task)))
 
 
 def warm_path(out: Path, seed: int) -> Path:
@@ -386,7 +390,7 @@ def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
         profile_samples=PROFILE_SAMPLES if profiles else None,
         steps=steps,
         training=task.training,
-        eval_samples=demo.EVAL_SAMPLES,
+        eval_samples=task.eval_samples,
     )
     if arm.target_prompt:  # only then, so the other arms' stored runs stay valid
         stored["target_prompt"] = arm.target_prompt
@@ -396,7 +400,7 @@ def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
 def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = demo.ARITHMETIC.name) -> dict:
     """One run on the task named ``task_name``: train, sample the held-out problems, return the record stored
     as JSON."""
-    task = demo.TASKS[task_name]
+    task = demo.GRID_TASKS[task_name]
     arm = arms_by_name(task)[arm_name]
     started = time.perf_counter()
     dataset, held_out = task.training_set(seed), None
@@ -427,11 +431,11 @@ def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = d
         settings=settings(arm, steps, task),
         train=dict(
             length=demo.tail_mean(history, demo.LENGTH_KEY, TAIL),
-            accuracy=demo.tail_mean(history, demo.ACCURACY_KEY, TAIL),
+            accuracy=demo.tail_mean(history, task.accuracy_key, TAIL),
         ),
         eval=result["eval"],
         shaping={key: statistics.fmean(row[key] for row in history if key in row) for key in metrics},
-        curve=[[row["step"], row[demo.LENGTH_KEY], row[demo.ACCURACY_KEY]] for row in history],
+        curve=[[row["step"], row[demo.LENGTH_KEY], row[task.accuracy_key]] for row in history],
         seconds=time.perf_counter() - started,
     )
 
@@ -848,7 +852,7 @@ def regenerate(summary: Path, out: Path, png: Path) -> None:
     stored = json.loads(summary.read_text())
     records = stored["runs"]
     names = {r["arm"] for r in records}
-    task = demo.TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
+    task = demo.GRID_TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
     arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
     rows = summarize(records, arms)
     tables = all_tables(records, rows, stored["warm"])
@@ -856,7 +860,7 @@ def regenerate(summary: Path, out: Path, png: Path) -> None:
     (out / "table.md").write_text(tables + "\n")
     print(tables)
     seeds = sorted({r["seed"] for r in records if r["arm"] == PLAIN})
-    plot_pareto(rows, png, f"length control on the embedded {task.name} task: seeds {seeds[0]}-{seeds[-1]}")
+    plot_pareto(rows, png, f"length control on {described(task)}: seeds {seeds[0]}-{seeds[-1]}")
     print(f"# from {summary}: {len(records)} runs; tables: {out / 'table.md'}; Pareto PNG: {png}")
 
 
@@ -864,7 +868,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--task",
-        choices=list(demo.TASKS),
+        choices=list(demo.GRID_TASKS),
         default=demo.ARITHMETIC.name,
         help="the embedded task (docs/embedded.md); its runs are stored apart from the other task's",
     )
@@ -901,7 +905,7 @@ def main(argv: list[str] | None = None) -> None:
         help="regenerate the tables and the PNG from such a JSON file alone: no warm models, no training",
     )
     args = parser.parse_args(argv)
-    task = demo.TASKS[args.task]
+    task = demo.GRID_TASKS[args.task]
     args.out = args.out or (
         "outputs/efficacy" if task is demo.ARITHMETIC else f"outputs/efficacy-{task.name}"
     )
@@ -914,6 +918,7 @@ def main(argv: list[str] | None = None) -> None:
     wanted = [name.strip() for name in args.arms.split(",") if name.strip() and name.strip() != PLAIN]
     by_name = arms_by_name(task)
     arms = [by_name[PLAIN], *(by_name[name] for name in wanted)] if wanted else TASK_ARMS[task.name]
+    profiled = any(map(uses_profiles, arms))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.restore:
@@ -924,11 +929,15 @@ def main(argv: list[str] | None = None) -> None:
     for seed in seeds:
         path = warm_path(out, seed)
         stored = json.loads(path.read_text()) if path.exists() else None
-        if stored is None or stored["settings"] != warm_settings(task):
-            print(
-                f"# warm model of seed {seed}: held-out samples and {PROFILE_SAMPLES} rollouts per training problem"
-            )
-            stored = warm_reference(seed, task)
+        if stored is None or stored["settings"] != warm_settings(task, profiled):
+            if warm and task.warm_seed is not None and not profiled:  # one warm model, no per-seed profiles
+                stored = {key: value for key, value in warm[0].items() if key != "weights"}
+            else:
+                print(
+                    f"# warm model of seed {seed}: held-out samples"
+                    + (f" and {PROFILE_SAMPLES} rollouts per training problem" if profiled else "")
+                )
+                stored = warm_reference(seed, task, profiled)
             path.write_text(json.dumps(stored))
         warm.append({**stored, "weights": warm_weights(task, seed)})
     records = run_grid(arms, seeds, args.steps, out, args.jobs, task=task)
@@ -939,7 +948,7 @@ def main(argv: list[str] | None = None) -> None:
     (out / "table.md").write_text(tables + "\n")
     print(
         f"\n# {task.name} task, {args.steps} steps, seeds {args.seeds}; held out: {len(task.held_out())} problems x "
-        f"{demo.EVAL_SAMPLES} samples at temperature {task.training['temperature']}; train: last {TAIL} steps"
+        f"{task.eval_samples} samples at temperature {task.training['temperature']}; train: last {TAIL} steps"
     )
     print(tables)
     header(f"held-out figures, mean over seeds {args.seeds}: each arm (measured) vs plain GRPO (baseline)")
@@ -950,7 +959,7 @@ def main(argv: list[str] | None = None) -> None:
     png = plot_pareto(
         rows,
         Path(args.png),
-        f"length control on the embedded {task.name} task: {args.steps} steps, seeds {args.seeds}",
+        f"length control on {described(task)}: {args.steps} steps, seeds {args.seeds}",
     )
     best = best_trade_off(rows)
     if best is None:

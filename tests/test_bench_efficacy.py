@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -532,3 +533,33 @@ def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeyp
     for name in (demo.REASONING.grid_summary, "efficacy_reasoning_runs.json"):
         summary = json.loads((REPO / "docs" / name).read_text())
         assert {warm["weights"] for warm in summary["warm"]} == {bench.warm_weights(demo.REASONING, 0)}
+
+
+def test_the_real_task_draws_one_step_problems_apart_from_its_held_out_ones():
+    held_out = [demo.question(row) for row in demo.real_held_out()]
+    assert len(held_out) == len(set(held_out)) == demo.REAL_HELD_OUT
+    training = demo.real_training_set(0)
+    assert not set(map(demo.question, training)) & set(held_out)
+    assert demo.real_training_set(0)["prompt"] == training["prompt"] != demo.real_training_set(1)["prompt"]
+    for row in training:
+        a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", demo.question(row)).groups()
+        assert 2 <= int(a) <= 20 and 2 <= int(b) <= 20
+        assert int(row["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
+
+
+def test_the_real_task_scores_the_last_number_and_logs_it_under_its_own_name():
+    completions = ["6 + 20 = 26.", "It is 25", "26 apples, or 3 boxes", "twenty-six"]
+    assert demo.last_number_correctness(completions, ["26"] * 4) == [1.0, 0.0, 0.0, 0.0]
+    assert demo.REAL.accuracy_key == "rewards/last_number_correctness/mean"
+    assert demo.ARITHMETIC.accuracy_key == demo.REASONING.accuracy_key == demo.ACCURACY_KEY
+    assert demo.REAL.max_length == 48 and demo.REAL.training["temperature"] == 0.7
+    assert set(demo.GRID_TASKS) == {*demo.TASKS, "real"} and "real" not in demo.TASKS  # not a demo task
+
+
+def test_the_real_tasks_stored_settings_name_it_and_its_samples():
+    plain = bench.arms_by_name(demo.REAL)[bench.PLAIN]
+    stored = bench.settings(plain, 30, demo.REAL)
+    assert (stored["task"], stored["eval_samples"], stored["training"]) == ("real", 8, demo.REAL_TRAINING)
+    assert bench.warm_settings(demo.REAL, profiled=False)["profile_samples"] == 0
+    assert bench.warm_settings(demo.REASONING) == bench.warm_settings(demo.REASONING, profiled=True)
+    assert bench.described(demo.REAL) == "smollm2-135m-instruct, one-step arithmetic"

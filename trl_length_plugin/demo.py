@@ -48,13 +48,26 @@ PLAIN_NAME = "plain GRPO"
 REASONING_TRAINING = {**TRAINING, "max_completion_length": 64, "shuffle_dataset": False}
 #: the reasoning task's training problems per seed: 128 steps of 4 prompts (a longer run starts them again)
 REASONING_TRAINING_SIZE = 512
+#: the real chat model's GRPO settings (docs/efficacy.md, "On a real chat model"): 2 prompts x 8 completions a
+#: step on two CPU cores, sampled at 0.7, where the model has a correctness signal (1.0 has little)
+REAL_TRAINING = dict(
+    per_device_train_batch_size=16,
+    num_generations=8,
+    max_completion_length=48,
+    temperature=0.7,
+    learning_rate=1e-5,
+    lr_scheduler_type="constant",
+)
+#: the real task's held-out problems (distinct) and completions sampled per problem
+REAL_HELD_OUT, REAL_EVAL_SAMPLES = 32, 8
 
 
 @dataclass(frozen=True)
 class Task:
-    """An embedded task to train on: the warm model of ``name`` (``embedded_model_dir(task=name)``), its
-    GRPO ``training`` settings, its ``held_out`` problems and its ``training_set(seed)``. Both tasks score
-    with ``correctness_reward`` (docs/embedded.md). ``warm_seed``: the one warm model every seed's run starts
+    """A task to train on: the warm model of ``name`` (``embedded_model_dir(task=name)``, or the packaged
+    ``real_model``), its GRPO ``training`` settings, its ``held_out`` problems (``eval_samples`` completions
+    each) and its ``training_set(seed)``. The embedded tasks score with ``correctness_reward``
+    (docs/embedded.md), another task with its ``reward``. ``warm_seed``: the one warm model every seed's run starts
     from (its seed), or None for a warm model per seed. The task's best trade-off of docs/efficacy.md
     (``best_name``, ``best_keys``: bench/bench_efficacy.py names and keys it the same way), its best peer arm
     and the grid summary committed beside the doc, from which the demo prints their rows."""
@@ -68,14 +81,31 @@ class Task:
     best_peer: str
     grid_summary: str
     warm_seed: int | None = None
+    real_model: str = ""
+    reward: Callable | None = None
+    eval_samples: int = EVAL_SAMPLES
 
     @property
     def max_length(self) -> int:
         return self.training["max_completion_length"]
 
-    def model_dir(self, seed: int) -> Path:
-        from trl_length_plugin.embedded import embedded_model_dir
+    @property
+    def correctness(self) -> Callable:
+        """The task's correctness reward (TRL's reward-function signature)."""
+        from trl_length_plugin.embedded import correctness_reward
 
+        return self.reward or correctness_reward
+
+    @property
+    def accuracy_key(self) -> str:
+        """The logged mean of the correctness reward (``ACCURACY_KEY`` on the embedded tasks)."""
+        return f"rewards/{self.correctness.__name__}/mean"
+
+    def model_dir(self, seed: int) -> Path:
+        from trl_length_plugin.embedded import embedded_model_dir, real_model_dir
+
+        if self.real_model:
+            return real_model_dir(self.real_model)
         warm_seed = seed if self.warm_seed is None else self.warm_seed
         return embedded_model_dir(warm_start=True, seed=warm_seed, task=self.name)
 
@@ -156,15 +186,75 @@ DEFAULT_TASK = REASONING
 TASKS = {task.name: task for task in (ARITHMETIC, REASONING)}
 
 
-def sampling_config(tokenizer, samples: int = 1, max_new_tokens: int | None = None):
+def word_arithmetic(n: int, seed: int):
+    """``n`` one-step problems "What is a + b?" or "What is a - b?" (operands 2-20, no negative results) with
+    their ``answer``, drawn with ``seed``: where the real chat model has some correctness signal."""
+    import random
+
+    import datasets
+
+    rng = random.Random(seed)
+    prompts, answers = [], []
+    for _ in range(n):
+        a, b, op = rng.randint(2, 20), rng.randint(2, 20), rng.choice("+-")
+        if op == "-" and b > a:
+            a, b = b, a
+        prompts.append([{"role": "user", "content": f"What is {a} {op} {b}?"}])
+        answers.append(str(a + b if op == "+" else a - b))
+    return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+
+def real_held_out():
+    """The real task's held-out problems: the first ``REAL_HELD_OUT`` distinct ones of their draw."""
+    problems = distinct_problems(word_arithmetic(4 * REAL_HELD_OUT, HELD_OUT_SEED))
+    return problems.select(range(REAL_HELD_OUT))
+
+
+def real_training_set(seed: int):
+    """The real task's training problems of ``seed``, held-out problems removed."""
+    held_out = set(map(question, real_held_out()))
+    return word_arithmetic(512, seed).filter(lambda row: question(row) not in held_out)
+
+
+def last_number_correctness(completions: list, answer: list[str], **kwargs) -> list[float]:
+    """The real task's reward: ``gsm8k_correctness`` (1.0 when the completion's last number is the answer),
+    imported when first called, so that importing the demo does not import TRL."""
+    from trl_length_plugin.trl_integration.tasks import gsm8k_correctness
+
+    return gsm8k_correctness(completions, answer)
+
+
+#: one-step arithmetic in words on SmolLM2-135M-Instruct (docs/efficacy.md, "On a real chat model"): every
+#: seed starts from the same pretrained model; the answer is the last number of the completion
+REAL = Task(
+    "real",
+    REAL_TRAINING,
+    real_held_out,
+    real_training_set,
+    best_name="group-relative 1.0",
+    best_keys=dict(length_penalty={"default": {"group_total_length_penalty_coeff": 1.0}}),
+    best_peer="Kimi k1.5 length reward 1.0",
+    grid_summary="efficacy_real_runs.json",
+    warm_seed=0,
+    real_model="smollm2-135m-instruct",
+    reward=last_number_correctness,
+    eval_samples=REAL_EVAL_SAMPLES,
+)
+#: every task of bench/bench_efficacy.py's grids: the embedded ones and the real chat model's
+GRID_TASKS = {**TASKS, REAL.name: REAL}
+
+
+def sampling_config(
+    tokenizer, samples: int = 1, max_new_tokens: int | None = None, temperature: float | None = None
+):
     """The sampling settings of training (TRL's defaults at ``TRAINING``'s temperature and length, or
-    ``max_new_tokens``), ``samples`` completions per prompt."""
+    ``temperature`` and ``max_new_tokens``), ``samples`` completions per prompt."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
         max_new_tokens=max_new_tokens or TRAINING["max_completion_length"],
         do_sample=True,
-        temperature=TRAINING["temperature"],
+        temperature=temperature or TRAINING["temperature"],
         top_p=1.0,
         top_k=0,
         pad_token_id=tokenizer.pad_token_id,
@@ -174,17 +264,28 @@ def sampling_config(tokenizer, samples: int = 1, max_new_tokens: int | None = No
 
 
 def sample(
-    model, tokenizer, dataset, samples: int, seed: int, max_new_tokens: int | None = None
+    model,
+    tokenizer,
+    dataset,
+    samples: int,
+    seed: int,
+    max_new_tokens: int | None = None,
+    task: Task | None = None,
 ) -> list[dict]:
-    """``samples`` completions per row of ``dataset`` with the training sampling settings, reproducible by
-    ``seed``: one dict per completion with its row index, text, token count (up to and including EOS, as
-    TRL counts ``completions/mean_length``) and correctness."""
+    """``samples`` completions per row of ``dataset`` with the training sampling settings (of ``task``, default
+    ``TRAINING``'s), reproducible by ``seed``: one dict per completion with its row index, text, token count
+    (up to and including EOS, as TRL counts ``completions/mean_length``) and correctness (the task's reward)."""
     import torch
 
-    from trl_length_plugin.embedded import score_completion
+    from trl_length_plugin.embedded import correctness_reward
 
     torch.manual_seed(seed)
-    config = sampling_config(tokenizer, samples, max_new_tokens)
+    if tokenizer.pad_token is None:  # a real model's tokenizer may have none (TRL sets it the same way)
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    temperature = task.training["temperature"] if task else None
+    config = sampling_config(tokenizer, samples, max_new_tokens, temperature)
+    reward = task.correctness if task else correctness_reward
     model.eval()
     results = []
     answers = dataset["answer"]
@@ -202,7 +303,7 @@ def sample(
             length = ids.index(config.eos_token_id) + 1 if config.eos_token_id in ids else len(ids)
             text = tokenizer.decode(ids[:length], skip_special_tokens=True)
             row = start + k // samples
-            correct = score_completion(text, answers[row])
+            (correct,) = reward([text], [answers[row]])
             results.append(dict(row=row, text=text, tokens=length, correct=correct))
     return results
 
@@ -288,7 +389,7 @@ def train_and_evaluate(
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer
+    from trl_length_plugin.embedded import CPU_RUN_ARGS, load_tokenizer
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
     model_dir = task.model_dir(seed)
@@ -303,7 +404,7 @@ def train_and_evaluate(
     trainer = LengthPluginGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         processing_class=tokenizer,
-        reward_funcs=[correctness_reward, *extra_rewards],
+        reward_funcs=[task.correctness, *extra_rewards],
         args=config,
         train_dataset=task.training_set(seed) if train_dataset is None else train_dataset,
         callbacks=list(callbacks),
@@ -313,7 +414,7 @@ def train_and_evaluate(
     trainer.train()
     held_out = task.held_out() if held_out is None else held_out
     completions = sample(
-        trainer.model, tokenizer, held_out, EVAL_SAMPLES, HELD_OUT_SEED, max_new_tokens=task.max_length
+        trainer.model, tokenizer, held_out, task.eval_samples, HELD_OUT_SEED, task.max_length, task
     )
     return dict(history=trainer.state.log_history, eval=held_out_figures(completions, held_out))
 

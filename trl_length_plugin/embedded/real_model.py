@@ -57,8 +57,13 @@ def packaged_gguf(name: str) -> Path:
     return path
 
 
+#: the conversion's revision, part of the cache folder's fingerprint: a changed conversion builds a new folder
+#: (2: the tokenizer's EOS and padding token are the model's EOS, ``<|im_end|>``)
+CONVERSION = 2
+
+
 def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"conversion {CONVERSION}".encode())
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
@@ -81,4 +86,7 @@ def real_model_dir(name: str = "smollm2-135m-instruct") -> Path:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=gguf.name, dtype=torch.float32
     )
+    # the GGUF's tokenizer names the BOS ``<|im_start|>`` as EOS and has no padding token; the model (and the
+    # original release) ends a turn with ``<|im_end|>``, which TRL must stop at and count as the completion's end
+    tokenizer.eos_token = tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
     return save_to_cache(target, model, tokenizer)

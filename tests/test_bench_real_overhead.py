@@ -1,0 +1,45 @@
+"""bench/bench_real_overhead.py (issue 30) without training: each feature is measured against an arm that
+differs from it only by the feature (stock TRL where it can run the same settings), and every arm's settings are a valid config of its trainer."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import bench_real_overhead as bench
+from trl_length_plugin import demo
+
+
+@pytest.mark.parametrize("feature", list(bench.AGAINST))
+def test_each_feature_runs_against_a_stock_arm_of_the_same_family(feature):
+    base, target = bench.AGAINST[feature]
+    plugin, keys = bench.ARMS[feature]
+    _, base_keys = bench.ARMS[base]
+    assert plugin and target == (1.10 if feature.startswith("score centering") else 1.02)
+    if feature != "LUSPO":  # luspo: true sets stock GSPO's keys itself (the config test below)
+        assert {key: keys[key] for key in base_keys} == base_keys  # the feature keeps its baseline's settings
+
+
+@pytest.mark.parametrize("name", list(bench.ARMS))
+def test_every_arm_builds_a_valid_config(name, tmp_path):
+    from trl import GRPOConfig
+
+    from trl_length_plugin.embedded import CPU_RUN_ARGS
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
+
+    plugin, keys = bench.ARMS[name]
+    config = (LengthPluginGRPOConfig if plugin else GRPOConfig)(
+        output_dir=str(tmp_path), max_steps=2, **demo.REAL.training, **CPU_RUN_ARGS, **keys
+    )
+    assert config.num_generations == 8 and config.max_completion_length == 48
+    if name == "LUSPO":  # LUSPO keeps stock GSPO's ratio and clip range, and changes only the loss
+        assert (config.importance_sampling_level, config.epsilon, config.epsilon_high) == (
+            "sequence",
+            2e-3,
+            2.5e-3,
+        )
+        assert config.loss_type == "luspo"
+
+
+def test_the_shaping_arms_data_carries_the_columns_its_terms_read():
+    data = bench.dataset(4, seed=0)
+    assert len(data) == 4 and {bench.PROFILED_REWARDS, bench.PROFILE_BAND} <= set(data.column_names)
