@@ -43,6 +43,7 @@ from trl_length_plugin.score_centering.config import (
     refuse_sequence_ratio,
     resolve_mode,
 )
+from trl_length_plugin.score_centering.modes import get_mode
 
 from .length_config import _plain
 
@@ -156,6 +157,10 @@ def _host_weights(config: DictConfig) -> HostWeights:
             return (
                 f"needs algorithm.rollout_correction.rollout_is=token with rollout_is_threshold {threshold}; "
                 f"verl's setting gives {derived!r}"
+            )
+        if mode != "off" and not get_mode(mode).written:
+            return (
+                "is not a mode verl's rollout_correction computes, and the plugin does not write its weights"
             )
         what = "leaves the base loss unweighted" if mode == "off" else "writes the sampled-token weights"
         return (

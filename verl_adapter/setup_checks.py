@@ -34,7 +34,7 @@ def score_centering_setup(config):
         return None, None
     check_model_vocabulary(config, settings)
     controller = None
-    if settings.mode == "adaptive-ppo-clip":
+    if settings.controller:
         controller = AdaptiveClipController.from_config(score_centering_config(config))
     return settings, controller
 

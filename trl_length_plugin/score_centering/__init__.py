@@ -3,6 +3,8 @@ hosts (``trl_integration``, ``verl_adapter``) only translate their data and hook
 
 - ``config``: the shared keys, :func:`~trl_length_plugin.score_centering.config.resolve_mode` and the
   load-time rules, each naming the host's key (§5.5, §5.7, §5.8);
+- ``modes``: the importance-sampling modes, one module each, registered (§5.1's table, §5.5, §5.7;
+  docs/write-a-mode.md);
 - ``estimator``: the correction C, the sampled-token weights and the §5.6 metrics (§5.1, §5.6);
 - ``topk_logprobs``: the trainer's logprobs at the sampler's K ids in one pass (§5.4);
 - ``capture``: vLLM request checks and head extraction, read by duck typing (§5.2, §5.3);
@@ -18,6 +20,9 @@ import importlib
 _EXPORTS = {
     "ScoreCenteringConfig": "config",
     "resolve_mode": "config",
+    "ImportanceSampling": "modes",
+    "register_mode": "modes",
+    "unregister_mode": "modes",
     "compute_score_centering_term": "estimator",
     "sampled_token_weights": "estimator",
     "score_centering_metrics": "estimator",

@@ -14,14 +14,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NoReturn
+from typing import Annotated, Any, NoReturn
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
+from trl_length_plugin.score_centering.modes import AUTO, get_mode, mode_names
 from trl_length_plugin.shaping.config import _STRICT, Count, _not_bool, config_error, did_you_mean
 from trl_length_plugin.shaping.fields import MAX_WEIGHT, Bounded
 
-Mode = Literal["auto", "off", "is", "tis", "icepop", "adaptive-ppo-clip"]
+
+def _registered(value: Any) -> str:
+    """``auto`` or a registered importance-sampling mode (``score_centering.modes``), else pydantic's own
+    message for a choice."""
+    names = (AUTO, *mode_names())
+    if isinstance(value, str) and value in names:
+        return value
+    expected = ", ".join(map(repr, names[:-1])) + f" or {names[-1]!r}"
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
+Mode = Annotated[str, BeforeValidator(_registered)]
 #: the largest K: the capture holds token ids as int32 (``capture.py``), so no vocabulary the engine returns
 #: heads of, and no K, is larger (reference §5.8); checked when the config is built, before the vocabulary
 MAX_TOP_K = 2**31 - 1
@@ -43,8 +56,8 @@ class ScoreCenteringConfig(BaseModel):
     )
     score_centering_importance_sampling: Mode = Field(
         "auto",
-        description="auto | off | is | tis | icepop | adaptive-ppo-clip; auto derives it from "
-        "vllm_importance_sampling_correction / vllm_importance_sampling_mode (reference §5.5).",
+        description="auto, or a registered mode (score_centering.modes: off | is | tis | icepop | "
+        "adaptive-ppo-clip); auto derives it from the host's importance-sampling keys (reference §5.5).",
     )
     force_on_policy_ratio: bool = Field(
         False, description="The sampled-token ratio uses the detached current policy (reference §5.5)."
@@ -73,16 +86,16 @@ class ScoreCenteringConfig(BaseModel):
             given = [key for key in self.model_fields_set if key != "score_centering" and getattr(self, key)]
             if k > 0 or given:
                 raise ValueError(f"{sorted(given)[0]}: needs score_centering: true")
-        adaptive = self.score_centering_importance_sampling == "adaptive-ppo-clip"
+        mode = self.score_centering_importance_sampling
+        adaptive = mode != AUTO and get_mode(mode).controller
         if adaptive and not self.force_on_policy_ratio:
-            raise ValueError(
-                "score_centering_importance_sampling: adaptive-ppo-clip needs force_on_policy_ratio: true"
-            )
+            raise ValueError(f"score_centering_importance_sampling: {mode} needs force_on_policy_ratio: true")
         controller = sorted(self.model_fields_set & set(CONTROLLER_KEYS))
         if controller and not adaptive:
+            modes = " or ".join(name for name in mode_names() if get_mode(name).controller)
             raise ValueError(
-                f"{controller[0]}: a key of the adaptive-ppo-clip controller; set "
-                "score_centering_importance_sampling: adaptive-ppo-clip"
+                f"{controller[0]}: a key of the {modes} controller; set score_centering_importance_sampling: "
+                f"{modes}"
             )
         low, high = self.score_centering_adaptive_k_min, self.score_centering_adaptive_k_max
         if high < low:
@@ -197,7 +210,8 @@ def check_base_clip(
     under adaptive-ppo-clip, whose rule is :func:`adaptive_ppo_clip_bounds`."""
     check_clip_keys(values)
     low, high = _finite(values[low_key], low_key), _finite(values[high_key], high_key)
-    if config.score_centering_importance_sampling != "adaptive-ppo-clip":
+    mode = config.score_centering_importance_sampling
+    if mode == AUTO or get_mode(mode).bounds != "clip":
         check_clip_range(low, high, low_key, high_key)
 
 
@@ -289,10 +303,6 @@ def check_sampling_filters(settings: Mapping[str, Mapping[str, Any]]) -> None:
                 raise ValueError(f"{prefix}{name}: {error}")
 
 
-#: the modes whose sampled-token weights the plugin writes in place of the host's
-WRITTEN_MODES = ("is", "adaptive-ppo-clip")
-
-
 @dataclass(frozen=True)
 class HostWeights:
     """A host's importance-sampling setting in the plugin's terms (reference §5.5, §5.7), in the host's keys."""
@@ -300,7 +310,7 @@ class HostWeights:
     derived: str
     """The mode the host's own sampled-token weights apply: ``off``, ``tis`` or ``icepop``."""
     carries_written: bool
-    """Whether the plugin's ``is`` / ``adaptive-ppo-clip`` weights can take the place of the host's."""
+    """Whether the sampled-token weights the plugin writes (a mode's ``written``) can take the place of the host's."""
     needs: Callable[[str], str]
     """For a mode this setting refuses: what it needs, in the host's keys (the error's tail)."""
     bounds: Callable[[str], tuple[float, float]]
@@ -316,12 +326,12 @@ def resolve_mode(
     a mode the host's setting cannot run is refused naming what it needs."""
     wanted = config.score_centering_importance_sampling
     mode = host.derived if wanted == "auto" else wanted
-    admitted = {host.derived, *(WRITTEN_MODES if host.carries_written else ())}
-    if mode not in admitted:
+    spec = get_mode(mode)
+    if mode != host.derived and not (spec.written and host.carries_written):
         raise ValueError(f"score_centering_importance_sampling: {mode!r} {host.needs(mode)}")
-    if mode in ("tis", "icepop"):
+    if spec.bounds == "host":
         return mode, host.bounds(mode), None
-    if mode == "adaptive-ppo-clip":
+    if spec.bounds == "clip":
         return mode, *adaptive_ppo_clip_bounds(config, *host.clip)
     return mode, None, None
 
@@ -340,12 +350,17 @@ class ScoreCenteringPlanBase:
 
     @property
     def writes_weights(self) -> bool:
-        """No host has untruncated token IS or the adaptive filter: the plugin writes those sampled-token weights."""
-        return self.mode in WRITTEN_MODES
+        """No host has the mode's sampled-token weights (``is``, the adaptive filter): the plugin writes them."""
+        return get_mode(self.mode).written
+
+    @property
+    def controller(self) -> bool:
+        """The adaptive controller steps the mode's offset k (reference §5.7)."""
+        return get_mode(self.mode).controller
 
     def bounds_at(self, k: float) -> tuple[float, float] | None:
-        """The bounds for this step: adaptive-ppo-clip's (lo, hi + k), the mode's own bounds otherwise."""
-        if self.mode != "adaptive-ppo-clip":
+        """The bounds for this step: a controller mode's (lo, hi + k), the mode's own bounds otherwise."""
+        if not self.controller:
             return self.bounds
         return self.bounds[0], self.bounds[1] + k
 
@@ -357,7 +372,7 @@ class ScoreCenteringPlanBase:
         """One line saying what runs, for the setup log."""
         mode = self.mode
         if self.bounds is not None:
-            offset = " + k" if mode == "adaptive-ppo-clip" else ""
+            offset = " + k" if self.controller else ""
             mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
         parts = [f"K={self.top_k}", f"mode {mode}", self.detail]
         if self.force_on_policy:

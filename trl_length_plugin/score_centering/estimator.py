@@ -25,13 +25,12 @@ Conventions the document leaves open (docs/reference/score-centering.md §5.1 ke
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-ImportanceSamplingMode = Literal["off", "is", "tis", "icepop", "adaptive-ppo-clip"]
-IMPORTANCE_SAMPLING_MODES: tuple[str, ...] = ("off", "is", "tis", "icepop", "adaptive-ppo-clip")
-BOUNDED_MODES: tuple[str, ...] = ("tis", "icepop", "adaptive-ppo-clip")
+from trl_length_plugin.score_centering.modes import Head, Window, get_mode
+
 RHO_DENOMINATOR_FLOOR = 1e-6
 #: the keys of :func:`score_centering_token_metrics` and :func:`score_centering_metrics` (§5.6)
 METRIC_KEYS: tuple[str, ...] = (
@@ -55,10 +54,7 @@ class _Head(NamedTuple):
     """The head of every position, with masked positions and non-finite sampler slots neutralized."""
 
     log_p: torch.Tensor  # [..., K] policy logprobs (differentiable), 0 on empty slots
-    p: torch.Tensor  # [..., K] detached policy probabilities, 0 on empty slots
-    q: torch.Tensor  # [..., K] sampler probabilities, 0 on empty slots
-    slots: torch.Tensor  # [..., K] bool, the slots that belong to the head
-    rho: torch.Tensor  # [...] tail scale, 0 under replay
+    head: Head  # detached p, sampler q, the slots and rho, as the modes read them
 
 
 def _head(
@@ -88,51 +84,7 @@ def _head(
     else:
         tail_q = (1.0 - q.sum(-1)).clamp(min=0.0)
         rho = tail_q / (1.0 - p.sum(-1)).clamp(min=RHO_DENOMINATOR_FLOOR)
-    return _Head(log_p=log_p, p=p, q=q, slots=slots, rho=rho)
-
-
-def _clamp(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    return torch.minimum(torch.maximum(x, low), high)
-
-
-def _in_bounds(ratio: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    return (ratio >= lo) & (ratio <= hi)
-
-
-def _adaptive_kept(
-    ratio: torch.Tensor, advantages: torch.Tensor, lo: float, hi_plus_k: float, outer: float
-) -> torch.Tensor:
-    """adaptive-ppo-clip's filter: r <= o, and r >= lo for A < 0, r <= hi + k for A > 0 (A = 0: r <= o only)."""
-    by_sign = torch.where(advantages < 0, ratio >= lo, torch.where(advantages > 0, ratio <= hi_plus_k, True))
-    return (ratio <= outer) & by_sign
-
-
-def _coefficients(
-    head: _Head,
-    mode: str,
-    is_bounds: tuple[float, float] | None,
-    advantages: torch.Tensor | None,
-    outer_bound: float | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head mass m [..., K] and tail coefficient alpha [...] of the document's table."""
-    p, q, rho = head.p, head.q, head.rho
-    if mode == "off":
-        return q, rho
-    if mode == "is":
-        return p, torch.ones_like(rho)
-    lo, hi = is_bounds
-    if mode == "tis":
-        return _clamp(p, lo * q, hi * q), _clamp(torch.ones_like(rho), lo * rho, hi * rho)
-    # icepop and adaptive-ppo-clip filter the head ratio p/q and the tail ratio 1/rho (inf when rho = 0).
-    ratio = torch.where(head.slots, p / torch.where(head.slots, q, 1.0), 0.0)
-    inverse_rho = torch.where(rho > 0, 1.0 / rho, math.inf)
-    if mode == "icepop":
-        head_kept, tail_kept = _in_bounds(ratio, lo, hi), _in_bounds(inverse_rho, lo, hi)
-    else:
-        a = advantages.to(device=p.device)
-        head_kept = _adaptive_kept(ratio, a.unsqueeze(-1), lo, hi, outer_bound)
-        tail_kept = _adaptive_kept(inverse_rho, a, lo, hi, outer_bound)
-    return torch.where(head_kept, p, 0.0), tail_kept.to(p.dtype)
+    return _Head(log_p=log_p, head=Head(p=p, q=q, slots=slots, rho=rho))
 
 
 def _check_mode_arguments(
@@ -141,19 +93,19 @@ def _check_mode_arguments(
     token_mask: torch.Tensor,
     advantages: torch.Tensor | None,
     outer_bound: float | None,
-) -> None:
-    if mode not in IMPORTANCE_SAMPLING_MODES:
-        raise ValueError(f"importance_sampling_mode must be one of {IMPORTANCE_SAMPLING_MODES}, got {mode!r}")
-    if mode in BOUNDED_MODES:
+) -> Window:
+    """The registered mode's window at this step, its arguments checked."""
+    spec = get_mode(mode)
+    if spec.bounds != "none":
         if is_bounds is None or len(is_bounds) != 2:
             raise ValueError(f"importance_sampling_mode={mode!r} needs is_bounds=(lo, hi)")
         lo, hi = is_bounds
         if not (0 <= lo <= hi) or not math.isfinite(hi):
             raise ValueError(f"is_bounds must satisfy 0 <= lo <= hi < inf, got {is_bounds}")
-    if mode == "adaptive-ppo-clip":
+    if spec.controller:
         if advantages is None or outer_bound is None:
             raise ValueError(
-                "importance_sampling_mode='adaptive-ppo-clip' needs adaptive_ppo_clip_advantages and "
+                f"importance_sampling_mode={mode!r} needs adaptive_ppo_clip_advantages and "
                 "adaptive_ppo_clip_outer_bound"
             )
         try:
@@ -165,27 +117,22 @@ def _check_mode_arguments(
                 f"adaptive_ppo_clip_advantages {tuple(advantages.shape)} must broadcast to token_mask "
                 f"{tuple(token_mask.shape)} (e.g. [B, T] or [B, 1])"
             )
+    return Window(is_bounds, advantages, outer_bound)
 
 
-def _correction(
-    head: _Head,
-    mode: str,
-    is_bounds: tuple[float, float] | None,
-    advantages: torch.Tensor | None,
-    outer_bound: float | None,
-) -> torch.Tensor:
-    """C at every position from its head (the table's coefficients, detached, times log p)."""
-    head_mass, alpha = _coefficients(head, mode, is_bounds, advantages, outer_bound)
+def _correction(heads: _Head, mode: str, window: Window) -> torch.Tensor:
+    """C at every position from its head (the mode's coefficients, detached, times log p)."""
+    head_mass, alpha = get_mode(mode).coefficients(heads.head, window)
     # Untruncated IS: m = p and alpha = 1, so m - alpha * p is exactly 0.0 in floating point and C == 0.
-    coefficient = torch.where(head.slots, head_mass - alpha.unsqueeze(-1) * head.p, 0.0)
-    return (coefficient.detach() * head.log_p).sum(-1)
+    coefficient = torch.where(heads.head.slots, head_mass - alpha.unsqueeze(-1) * heads.head.p, 0.0)
+    return (coefficient.detach() * heads.log_p).sum(-1)
 
 
 def compute_score_centering_term(
     policy_logprobs_at_sampler_topk: torch.Tensor,
     *,
     sampler_topk_logprobs: torch.Tensor,
-    importance_sampling_mode: ImportanceSamplingMode,
+    importance_sampling_mode: str,
     is_bounds: tuple[float, float] | None,
     token_mask: torch.Tensor,
     sampler_replay: bool,
@@ -211,23 +158,21 @@ def compute_score_centering_term(
         ``ScoreCenteringTerm(correction, sampler_head_mass)``, each shaped like ``token_mask``. The loss adds
         ``A * correction`` with the base loss's masks and normalization (docs/reference/score-centering.md §5.5).
     """
-    _check_mode_arguments(
+    window = _check_mode_arguments(
         importance_sampling_mode,
         is_bounds,
         token_mask,
         adaptive_ppo_clip_advantages,
         adaptive_ppo_clip_outer_bound,
     )
-    head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
-    correction = _correction(
-        head, importance_sampling_mode, is_bounds, adaptive_ppo_clip_advantages, adaptive_ppo_clip_outer_bound
-    )
-    return ScoreCenteringTerm(correction=correction, sampler_head_mass=head.q.sum(-1))
+    heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
+    correction = _correction(heads, importance_sampling_mode, window)
+    return ScoreCenteringTerm(correction=correction, sampler_head_mass=heads.head.q.sum(-1))
 
 
 def sampled_token_weights(
     ratio: torch.Tensor,
-    importance_sampling_mode: ImportanceSamplingMode,
+    importance_sampling_mode: str,
     is_bounds: tuple[float, float] | None = None,
     advantages: torch.Tensor | None = None,
     outer_bound: float | None = None,
@@ -236,25 +181,15 @@ def sampled_token_weights(
     ratio r = p(y) / q(y) itself (``"is"``), clamped into the bounds (``"tis"``), zeroed outside them
     (``"icepop"``), or zeroed where adaptive-ppo-clip's filter rejects it for the sign of A
     (``"adaptive-ppo-clip"``, ``is_bounds`` = (lo, hi + k)); ``"off"``: 1."""
-    _check_mode_arguments(importance_sampling_mode, is_bounds, ratio, advantages, outer_bound)
-    if importance_sampling_mode == "off":
-        return torch.ones_like(ratio)
-    if importance_sampling_mode == "is":
-        return ratio
-    lo, hi = is_bounds
-    if importance_sampling_mode == "tis":
-        return ratio.clamp(lo, hi)
-    if importance_sampling_mode == "icepop":
-        return torch.where(_in_bounds(ratio, lo, hi), ratio, 0.0)
-    kept = _adaptive_kept(ratio, advantages.to(ratio.device), lo, hi, outer_bound)
-    return torch.where(kept, ratio, 0.0)
+    window = _check_mode_arguments(importance_sampling_mode, is_bounds, ratio, advantages, outer_bound)
+    return get_mode(importance_sampling_mode).weights(ratio, window)
 
 
 def sampled_token_weights_from_logprobs(
     old_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
     token_mask: torch.Tensor,
-    importance_sampling_mode: ImportanceSamplingMode,
+    importance_sampling_mode: str,
     is_bounds: tuple[float, float] | None = None,
     advantages: torch.Tensor | None = None,
     outer_bound: float | None = None,
@@ -280,13 +215,11 @@ def score_centering_token_metrics(
     ``token_mask``, detached, 0 at masked positions): for hosts that normalize over a batch they split
     (verl's global token count). Keys as :func:`score_centering_metrics`."""
     with torch.no_grad():
-        head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
-        return _token_metrics(head, correction, token_mask)
+        heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
+        return _token_metrics(heads.head, correction, token_mask)
 
 
-def _token_metrics(
-    head: _Head, correction: torch.Tensor, token_mask: torch.Tensor
-) -> dict[str, torch.Tensor]:
+def _token_metrics(head: Head, correction: torch.Tensor, token_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The §5.6 values at every position from its head, detached, 0 at masked positions."""
     with torch.no_grad():
         mask = token_mask.bool()
@@ -346,12 +279,11 @@ def score_centering_outputs(
     (``config.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
     §5.1, §5.6, §5.7): the head is computed once for both. ``advantages`` (broadcast to ``token_mask``) are
     read only under adaptive-ppo-clip."""
-    adaptive = plan.mode == "adaptive-ppo-clip"
-    advantages = advantages.expand_as(token_mask) if adaptive else None
-    _check_mode_arguments(plan.mode, plan.bounds_at(k), token_mask, advantages, plan.outer_bound)
-    head = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
-    correction = _correction(head, plan.mode, plan.bounds_at(k), advantages, plan.outer_bound)
-    return ScoreCenteringOutputs(correction, _token_metrics(head, correction, token_mask))
+    advantages = advantages.expand_as(token_mask) if plan.controller else None
+    window = _check_mode_arguments(plan.mode, plan.bounds_at(k), token_mask, advantages, plan.outer_bound)
+    heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
+    correction = _correction(heads, plan.mode, window)
+    return ScoreCenteringOutputs(correction, _token_metrics(heads.head, correction, token_mask))
 
 
 def plan_sampled_token_weights(

@@ -95,7 +95,11 @@ def _host_weights(args) -> HostWeights:
             return "needs vllm_importance_sampling_correction: false (TRL would weight the base loss)"
         if not correction:
             return "needs vllm_importance_sampling_correction: true (with a token-level vllm_importance_sampling_mode)"
-        wanted = next(name for name, value in TOKEN_MODES.items() if value == mode)
+        wanted = next((name for name, value in TOKEN_MODES.items() if value == mode), None)
+        if (
+            wanted is None
+        ):  # a registered mode TRL does not compute and whose weights the plugin does not write
+            return "is not a mode of TRL's vllm_importance_sampling_mode, and the plugin does not write its weights"
         return f"needs vllm_importance_sampling_mode: {wanted}, got {trl_mode!r}"
 
     def bounds(mode: str) -> tuple[float, float]:

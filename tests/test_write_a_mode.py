@@ -1,0 +1,151 @@
+"""docs/write-a-mode.md: an importance-sampling mode registered from outside the package is accepted by the
+config, runs in the estimator with its own coefficients and sampled-token weights, is resolved against each
+host's setting by what it declares (the plugin writes its weights where the host allows it), and leaves when
+unregistered (docs/reference/score-centering.md §5.1, §5.5)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trl_length_plugin.score_centering import compute_score_centering_term, sampled_token_weights
+from trl_length_plugin.score_centering.config import load_score_centering_config, resolve_mode
+from trl_length_plugin.score_centering.modes import (
+    ImportanceSampling,
+    get_mode,
+    mode_names,
+    register_mode,
+    unregister_mode,
+)
+
+
+# -- the toy mode: half-way between off and untruncated IS ------------------------------------------------
+def half_coefficients(head, window):
+    return (head.p + head.q) / 2, (1 + head.rho) / 2
+
+
+def half_weights(ratio, window):
+    return (1 + ratio) / 2
+
+
+HALF = ImportanceSampling("half-is", half_coefficients, half_weights, written=True, summary="half of IS")
+
+
+@pytest.fixture
+def half_is():
+    """The toy mode registered for one test; removed afterwards, so the other tests never see it."""
+    register_mode(HALF)
+    yield HALF
+    unregister_mode(HALF.name)
+
+
+def config(mode: str):
+    return load_score_centering_config(
+        {"score_centering": True, "score_centering_top_k": 2, "score_centering_importance_sampling": mode}
+    )
+
+
+def test_the_config_accepts_a_registered_mode_and_only_while_it_is_registered(half_is):
+    assert mode_names() == ("off", "is", "tis", "icepop", "adaptive-ppo-clip", "half-is")
+    assert config("half-is").score_centering_importance_sampling == "half-is"
+    with pytest.raises(ValueError, match="registered twice"):
+        register_mode(HALF)
+    unregister_mode("half-is")
+    with pytest.raises(
+        ValueError, match=r"score_centering_importance_sampling: Input should be 'auto', 'off', "
+    ):
+        config("half-is")
+    register_mode(HALF)  # for the fixture's removal
+
+
+def test_the_estimator_runs_the_modes_own_coefficients_and_weights(half_is):
+    # q = (0.5, 0.25), p = (0.4, 0.4), rho = 1.25 (test_score_centering_estimator.py's hand case):
+    # m = (0.45, 0.325), alpha = 1.125, m - alpha p = (0, -0.125), half-way between off's and is's
+    lp = torch.tensor([[[math.log(0.4), math.log(0.4)]]], dtype=torch.float64, requires_grad=True)
+    lq = torch.tensor([[[math.log(0.5), math.log(0.25)]]], dtype=torch.float64)
+    out = compute_score_centering_term(
+        lp,
+        sampler_topk_logprobs=lq,
+        importance_sampling_mode="half-is",
+        is_bounds=None,
+        token_mask=torch.ones(1, 1, dtype=torch.bool),
+        sampler_replay=False,
+    )
+    assert out.correction.item() == pytest.approx(-0.125 * math.log(0.4), abs=1e-12)
+    (grad,) = torch.autograd.grad(out.correction.sum(), lp)
+    assert grad.flatten().tolist() == pytest.approx([0.0, -0.125], abs=1e-12)
+    ratio = torch.tensor([0.5, 1.0, 3.0])
+    assert sampled_token_weights(ratio, "half-is").tolist() == [0.75, 1.0, 2.0]
+
+
+def test_each_host_resolves_it_by_what_it_declares(half_is):
+    """A written mode runs where the host lets the plugin write the sampled-token weights (TRL with its
+    correction on, verl with rollout_is off) and is refused, naming the host's key, where it does not."""
+    from trl_length_plugin.trl_integration.score_centering_plan import _host_weights
+
+    trl = SimpleNamespace(
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_min=None,
+        vllm_importance_sampling_clip_max=3.0,
+        epsilon=0.2,
+        epsilon_high=None,
+    )
+    assert resolve_mode(config("half-is"), _host_weights(trl)) == ("half-is", None, None)
+    off = SimpleNamespace(**{**vars(trl), "vllm_importance_sampling_correction": False})
+    with pytest.raises(ValueError, match="'half-is' needs vllm_importance_sampling_correction: true"):
+        resolve_mode(config("half-is"), _host_weights(off))
+
+
+def test_verl_resolves_it_by_what_it_declares(half_is):
+    from omegaconf import OmegaConf
+
+    from verl_adapter.score_centering_config import _host_weights
+
+    def verl(rollout_is):
+        correction = {"rollout_is": rollout_is, "rollout_is_threshold": 2.0}
+        return OmegaConf.create(
+            {
+                "algorithm": {"rollout_correction": correction},
+                "actor_rollout_ref": {"actor": {"clip_ratio": 0.2}},
+            }
+        )
+
+    assert resolve_mode(config("half-is"), _host_weights(verl(None))) == ("half-is", None, None)
+    with pytest.raises(
+        ValueError, match="'half-is' writes the sampled-token weights; set algorithm.rollout_corr"
+    ):
+        resolve_mode(config("half-is"), _host_weights(verl("token")))
+
+
+def test_a_mode_the_host_does_not_compute_and_the_plugin_does_not_write_is_refused_by_name(half_is):
+    from trl_length_plugin.trl_integration.score_centering_plan import _host_weights
+
+    unregister_mode("half-is")
+    register_mode(ImportanceSampling("host-only", half_coefficients, half_weights, bounds="host"))
+    try:
+        trl = SimpleNamespace(
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode="token_truncate",
+            vllm_importance_sampling_clip_min=None,
+            vllm_importance_sampling_clip_max=3.0,
+            epsilon=0.2,
+            epsilon_high=None,
+        )
+        with pytest.raises(
+            ValueError, match="'host-only' is not a mode of TRL's vllm_importance_sampling_mode"
+        ):
+            resolve_mode(config("host-only"), _host_weights(trl))
+        assert get_mode("host-only").bounds == "host"
+    finally:
+        unregister_mode("host-only")
+        register_mode(HALF)
+
+
+def test_a_controller_mode_must_take_the_clip_bounds():
+    with pytest.raises(ValueError, match="the controller offsets the clip bounds"):
+        register_mode(ImportanceSampling("bad", half_coefficients, half_weights, controller=True))
+    assert "bad" not in mode_names()
