@@ -33,29 +33,18 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in th
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from bench._harness import header, report  # noqa: E402
-from bench.bench_trl_overhead import WARMUP, StepClock  # noqa: E402
+from bench.bench_trl_overhead import EVERYTHING, WARMUP, StepClock  # noqa: E402
 from trl_length_plugin.shaping.columns import (  # noqa: E402
     PROFILE_BAND,
     PROFILED_OUTPUT_LENGTHS,
     PROFILED_REWARDS,
 )
 
-#: every group shaping term at once (the profile terms read the columns ``dataset`` adds)
+#: every group shaping term at once (bench_trl_overhead's, one agent: the profile terms read ``dataset``'s columns)
 SHAPING = dict(
     length_penalty={
-        "default": {
-            "top_percentile": 0.5,
-            "total_bonus": 0.05,
-            "longest_total_penalty": 0.05,
-            "group_total_length_penalty_coeff": 1.0,
-            "total_zmad_threshold": 1.0,
-            "total_zmad_penalty": 0.05,
-            "profiled_length_penalty": 0.05,
-            "pass_rate_length_penalty_weight": 0.1,
-            "profile_band_total": True,
-            "group_length_penalty_profile_gate": True,
-        },
-    },
+        key: value for key, value in EVERYTHING["length_penalty"].items() if key != "agent_overrides"
+    }
 )
 GSPO = dict(importance_sampling_level="sequence", epsilon=2e-3, epsilon_high=2.5e-3)
 VLLM = dict(

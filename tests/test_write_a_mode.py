@@ -42,6 +42,21 @@ def half_is():
     unregister_mode(HALF.name)
 
 
+def trl_args(**keys) -> SimpleNamespace:
+    """TRL's importance-sampling and clip keys: the correction on in token_truncate (tis) in [0, 3]."""
+    return SimpleNamespace(
+        **{
+            "vllm_importance_sampling_correction": True,
+            "vllm_importance_sampling_mode": "token_truncate",
+            "vllm_importance_sampling_clip_min": None,
+            "vllm_importance_sampling_clip_max": 3.0,
+            "epsilon": 0.2,
+            "epsilon_high": None,
+            **keys,
+        }
+    )
+
+
 def config(mode: str):
     return load_score_centering_config(
         {"score_centering": True, "score_centering_top_k": 2, "score_centering_importance_sampling": mode}
@@ -86,16 +101,9 @@ def test_each_host_resolves_it_by_what_it_declares(half_is):
     correction on, verl with rollout_is off) and is refused, naming the host's key, where it does not."""
     from trl_length_plugin.trl_integration.score_centering_plan import _host_weights
 
-    trl = SimpleNamespace(
-        vllm_importance_sampling_correction=True,
-        vllm_importance_sampling_mode="token_truncate",
-        vllm_importance_sampling_clip_min=None,
-        vllm_importance_sampling_clip_max=3.0,
-        epsilon=0.2,
-        epsilon_high=None,
-    )
+    trl = trl_args()
     assert resolve_mode(config("half-is"), _host_weights(trl)) == ("half-is", None, None)
-    off = SimpleNamespace(**{**vars(trl), "vllm_importance_sampling_correction": False})
+    off = trl_args(vllm_importance_sampling_correction=False)
     with pytest.raises(ValueError, match="'half-is' needs vllm_importance_sampling_correction: true"):
         resolve_mode(config("half-is"), _host_weights(off))
 
@@ -127,14 +135,7 @@ def test_a_mode_the_host_does_not_compute_and_the_plugin_does_not_write_is_refus
     unregister_mode("half-is")
     register_mode(ImportanceSampling("host-only", half_coefficients, half_weights, bounds="host"))
     try:
-        trl = SimpleNamespace(
-            vllm_importance_sampling_correction=True,
-            vllm_importance_sampling_mode="token_truncate",
-            vllm_importance_sampling_clip_min=None,
-            vllm_importance_sampling_clip_max=3.0,
-            epsilon=0.2,
-            epsilon_high=None,
-        )
+        trl = trl_args()
         with pytest.raises(
             ValueError, match="'host-only' is not a mode of TRL's vllm_importance_sampling_mode"
         ):
