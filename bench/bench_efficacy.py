@@ -1,9 +1,11 @@
-"""Which length control to pick: every shaping algorithm, the coefficient, GSPO and LUSPO on the embedded task.
+"""Which length control to pick: every shaping algorithm, the coefficient, GSPO and LUSPO on the embedded tasks and
+on a real chat model.
 
-Each arm trains the warm-started embedded model of each seed with the demo's GRPO settings
-(``trl_length_plugin.demo``: 60 steps of 4 prompts x 8 completions) on the task ``--task`` names (the
-arithmetic task, or the reasoning task whose held-out figures are also recorded per difficulty level),
-then samples the held-out problems (never trained on) at the training temperature. Baseline: plain GRPO of
+Each arm trains the task's warm model with the task's GRPO settings (``trl_length_plugin.demo``: 60 steps of 4
+prompts x 8 completions on the embedded tasks) on the task ``--task`` names (the embedded arithmetic task, the
+embedded reasoning task whose held-out figures are also recorded per difficulty level, or ``real``: one-step
+arithmetic on SmolLM2-135M-Instruct, 2 prompts x 8 completions at temperature 0.7, docs/efficacy.md "On a real
+chat model"), then samples the held-out problems (never trained on) at the training temperature. Baseline: plain GRPO of
 the same seeds, in the same grid. Per run it records the mean completion length and accuracy of the last logged steps and of the held-out
 samples, and the means of TRL's ``length_penalty/*`` metrics. The profile arms read per-prompt profiles
 made from the warm model's own rollouts (``warm_reference``).
@@ -16,7 +18,7 @@ worker processes. At the end: the tables (``--out``/table.md), ``case | measured
 lines, the Pareto PNG and the best trade-off. Recorded in docs/efficacy.md:
 
     OMP_NUM_THREADS=1 python -m bench.bench_efficacy --png docs/images/efficacy_pareto.png
-        [--task arithmetic|reasoning] [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...]
+        [--task arithmetic|reasoning|real] [--seeds 0,1,2,3,4] [--steps 60] [--jobs 2] [--arms NAME,...]
         [--out outputs/efficacy, or outputs/efficacy-reasoning] [--restore SUMMARY.json,...]
 """
 
@@ -115,13 +117,15 @@ def peer_arms(max_len: int) -> list[Arm]:
 #: the longest completion of an arithmetic-task run (the peers' maximum length there), and its peer arms
 MAX_LEN = demo.ARITHMETIC.max_length
 PEER_ARMS = peer_arms(MAX_LEN)
-#: the arguments each peer builder takes from the run's GRPO settings
+#: the arguments each peer builder takes from the run's task: its GRPO settings and its correctness reward
 PEER_CONTEXT = {
-    "soft_overlong_reward": lambda training: dict(max_completion_len=training["max_completion_length"]),
-    "dapo_overlong_reward": lambda training: dict(max_resp_len=training["max_completion_length"]),
-    "cosine_reward": lambda training: dict(max_len=training["max_completion_length"]),
-    "kimi_length_reward": lambda training: dict(num_generations=training["num_generations"]),
-    "per_token_penalty": lambda training: {},
+    "soft_overlong_reward": lambda task: dict(max_completion_len=task.max_length),
+    "dapo_overlong_reward": lambda task: dict(max_resp_len=task.max_length),
+    "cosine_reward": lambda task: dict(max_len=task.max_length, correctness=task.correctness),
+    "kimi_length_reward": lambda task: dict(
+        num_generations=task.training["num_generations"], correctness=task.correctness
+    ),
+    "per_token_penalty": lambda task: {},
 }
 
 
@@ -129,9 +133,7 @@ def peer_rewards(arm: Arm, task: demo.Task = demo.ARITHMETIC) -> tuple[list, lis
     """The reward functions an arm adds to the correctness reward on ``task``, and every reward's weight."""
     from bench import peer_arms
 
-    functions = [
-        getattr(peer_arms, name)(**PEER_CONTEXT[name](task.training), **args) for name, args in arm.rewards
-    ]
+    functions = [getattr(peer_arms, name)(**PEER_CONTEXT[name](task), **args) for name, args in arm.rewards]
     return functions, [arm.correctness_weight] + [1.0] * len(functions)
 
 
@@ -322,7 +324,7 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool 
     if not profiled:
         return {**evaluated, "profiles": {}}
     problems = demo.distinct_problems(task.training_set(seed))
-    rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed, task.max_length)
+    rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed, task.max_length, task)
     totals = measure_lengths([r["text"] for r in rollouts], "tokens", tokenizer).total.tolist()
     profiles = {}
     for row in range(len(problems)):
@@ -870,7 +872,7 @@ def main(argv: list[str] | None = None) -> None:
         "--task",
         choices=list(demo.GRID_TASKS),
         default=demo.ARITHMETIC.name,
-        help="the embedded task (docs/embedded.md); its runs are stored apart from the other task's",
+        help="the embedded task (docs/embedded.md) or the real chat model's; its runs are stored apart from the others'",
     )
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; figures are means over seeds")
     parser.add_argument("--steps", type=int, default=demo.STEPS, help="GRPO optimizer steps per run")

@@ -563,3 +563,14 @@ def test_the_real_tasks_stored_settings_name_it_and_its_samples():
     assert bench.warm_settings(demo.REAL, profiled=False)["profile_samples"] == 0
     assert bench.warm_settings(demo.REASONING) == bench.warm_settings(demo.REASONING, profiled=True)
     assert bench.described(demo.REAL) == "smollm2-135m-instruct, one-step arithmetic"
+
+
+def test_the_peers_score_the_real_task_with_its_own_correctness():
+    """Kimi's reward and TRL's cosine read correctness: on the real task, the last number (not the embedded
+    task's ``<think>`` format, which no completion of the real model has)."""
+    arms = bench.arms_by_name(demo.REAL)
+    (kimi,), _ = bench.peer_rewards(arms["Kimi k1.5 length reward 1.0"], demo.REAL)
+    completions, ids = ["It is 26."] + ["27"] * 7, [[0] * 3] + [[0] * 9] * 7
+    assert kimi(completions=completions, completion_ids=ids, answer=["26"] * 8) == [0.5] + [-0.5] * 7
+    (cosine,), weights = bench.peer_rewards(arms["TRL cosine"], demo.REAL)
+    assert weights == [0.0, 1.0] and cosine(completions=["26"], completion_ids=[[0]], answer=["26"])[0] > 0.5

@@ -43,7 +43,7 @@ def test_the_packaged_gguf_becomes_a_transformers_folder(smollm2):
     assert (config.model_type, config.vocab_size, config.head_dim) == ("llama", 49152, 64)
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "What is 6 + 20?"}], tokenize=False)
     assert "<|im_start|>user\nWhat is 6 + 20?<|im_end|>" in chat
-    # the model's end of turn ends a completion (the GGUF's own tokenizer names <|im_start|>, the BOS)
+    # the model's end of turn ends a completion (transformers' GGUF conversion names <|im_start|>, the BOS)
     assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
     assert tokenizer.eos_token_id == config.eos_token_id == 2
     model = transformers.AutoModelForCausalLM.from_pretrained(smollm2)

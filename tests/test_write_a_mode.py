@@ -31,7 +31,7 @@ def half_weights(ratio, window):
     return (1 + ratio) / 2
 
 
-HALF = ImportanceSampling("half-is", half_coefficients, half_weights, written=True, summary="half of IS")
+HALF = ImportanceSampling("half-is", half_coefficients, half_weights, written=True)
 
 
 @pytest.fixture
@@ -146,7 +146,17 @@ def test_a_mode_the_host_does_not_compute_and_the_plugin_does_not_write_is_refus
         register_mode(HALF)
 
 
-def test_a_controller_mode_must_take_the_clip_bounds():
-    with pytest.raises(ValueError, match="the controller offsets the clip bounds"):
-        register_mode(ImportanceSampling("bad", half_coefficients, half_weights, controller=True))
-    assert "bad" not in mode_names()
+@pytest.mark.parametrize(
+    ("declarations", "error"),
+    [
+        (dict(controller=True), "clip bounds go with the adaptive controller"),
+        (dict(bounds="clip"), "clip bounds go with the adaptive controller"),
+        (dict(bounds="host", written=True), "the host's bound keys belong to its own weights"),
+    ],
+)
+def test_declarations_that_cannot_run_are_refused_at_registration(declarations, error):
+    with pytest.raises(ValueError, match=error):
+        register_mode(ImportanceSampling("bad", half_coefficients, half_weights, **declarations))
+    with pytest.raises(ValueError, match="'auto' is reserved"):
+        register_mode(ImportanceSampling("auto", half_coefficients, half_weights))
+    assert "bad" not in mode_names() and "auto" not in mode_names()

@@ -182,7 +182,7 @@ TASKS = {task.name: task for task in (ARITHMETIC, REASONING)}
 
 
 def word_arithmetic(n: int, seed: int):
-    """``n`` one-step problems "What is a + b?" or "What is a - b?" (operands 2-20, no negative results) with
+    """``n`` one-step problems written "What is a + b?" or "What is a - b?" (operands 2-20, no negative results) with
     their ``answer``, drawn with ``seed``: where the real chat model has some correctness signal."""
     import random
 
@@ -275,9 +275,9 @@ def sample(
     from trl_length_plugin.embedded import correctness_reward
 
     torch.manual_seed(seed)
-    if tokenizer.pad_token is None:  # a real model's tokenizer may have none (TRL sets it the same way)
+    if tokenizer.pad_token is None:  # a model folder of one's own may have none (TRL sets it the same way)
         tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"  # prompts end where generation starts
     temperature = task.training["temperature"] if task else None
     config = sampling_config(tokenizer, samples, max_new_tokens, temperature)
     reward = task.correctness if task else correctness_reward
@@ -300,6 +300,7 @@ def sample(
             row = start + k // samples
             (correct,) = reward([text], [answers[row]])
             results.append(dict(row=row, text=text, tokens=length, correct=correct))
+    tokenizer.padding_side = side
     return results
 
 
@@ -378,8 +379,7 @@ def train_and_evaluate(
     held_out=None,
 ) -> dict:
     """Train one arm (``keys``: its LengthPluginGRPOConfig keys, over ``task.training``; ``extra_rewards``:
-    reward functions besides the correctness reward, ``reward_weights`` all their weights) on the embedded
-    ``task``, then sample the held-out problems (``held_out``: their rows, default the task's). Returns the log
+    reward functions besides the correctness reward, ``reward_weights`` all their weights) on ``task``, then sample the held-out problems (``held_out``: their rows, default the task's). Returns the log
     history and the held-out ``eval`` figures (``held_out_figures``)."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback

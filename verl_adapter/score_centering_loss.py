@@ -99,7 +99,7 @@ def _local(packed: torch.Tensor) -> torch.Tensor:
 
 def _adaptive_k(data, settings: ScoreCenteringSettings) -> float:
     """The controller's k the trainer put on the micro-batch (adaptive-ppo-clip; 0 otherwise)."""
-    if not settings.controller:
+    if not settings.uses_controller:
         return 0.0
     k = tu.get_non_tensor_data(data, ADAPTIVE_K, None)
     if k is None:
@@ -133,7 +133,7 @@ def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -
         tu.get_non_tensor_data(data, key, False) for key in ("calculate_entropy", "calculate_sum_pi_squared")
     )
     logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1), inplace_backward=not shared)
-    adaptive = settings.controller
+    adaptive = settings.uses_controller
     centering = score_centering_outputs(
         settings,
         _adaptive_k(data, settings),
@@ -181,7 +181,7 @@ def score_centering_ppo_loss(
         metrics[key] = _share(
             torch.where(mask, no_padding_2_padding(model_output[key], data), 0.0).sum(), data
         )
-    if settings.controller:
+    if settings.uses_controller:
         advantages = data["advantages"].to_padded_tensor(0.0)
         upper = settings.bounds_at(k)[1]
         clipped, positive = AdaptiveClipController.counts_from_logprobs(

@@ -34,7 +34,7 @@ def score_centering_setup(config):
         return None, None
     check_model_vocabulary(config, settings)
     controller = None
-    if settings.controller:
+    if settings.uses_controller:
         controller = AdaptiveClipController.from_config(score_centering_config(config))
     return settings, controller
 

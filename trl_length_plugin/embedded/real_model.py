@@ -86,7 +86,8 @@ def real_model_dir(name: str = "smollm2-135m-instruct") -> Path:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=gguf.name, dtype=torch.float32
     )
-    # the GGUF's tokenizer names the BOS ``<|im_start|>`` as EOS and has no padding token; the model (and the
-    # original release) ends a turn with ``<|im_end|>``, which TRL must stop at and count as the completion's end
+    # transformers' GGUF conversion (5.10.4, GGUFLlamaConverter) reads the EOS token at the BOS id, <|im_start|>,
+    # and sets no padding token; the model (and the original release) ends a turn with <|im_end|>, the GGUF's
+    # EOS id, which TRL must stop at and count as the completion's end
     tokenizer.eos_token = tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
     return save_to_cache(target, model, tokenizer)

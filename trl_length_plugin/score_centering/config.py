@@ -354,13 +354,13 @@ class ScoreCenteringPlanBase:
         return get_mode(self.mode).written
 
     @property
-    def controller(self) -> bool:
+    def uses_controller(self) -> bool:
         """The adaptive controller steps the mode's offset k (reference §5.7)."""
         return get_mode(self.mode).controller
 
     def bounds_at(self, k: float) -> tuple[float, float] | None:
         """The bounds for this step: a controller mode's (lo, hi + k), the mode's own bounds otherwise."""
-        if not self.controller:
+        if not self.uses_controller:
             return self.bounds
         return self.bounds[0], self.bounds[1] + k
 
@@ -372,7 +372,7 @@ class ScoreCenteringPlanBase:
         """One line saying what runs, for the setup log."""
         mode = self.mode
         if self.bounds is not None:
-            offset = " + k" if self.controller else ""
+            offset = " + k" if self.uses_controller else ""
             mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
         parts = [f"K={self.top_k}", f"mode {mode}", self.detail]
         if self.force_on_policy:

@@ -54,7 +54,7 @@ class _Head(NamedTuple):
     """The head of every position, with masked positions and non-finite sampler slots neutralized."""
 
     log_p: torch.Tensor  # [..., K] policy logprobs (differentiable), 0 on empty slots
-    head: Head  # detached p, sampler q, the slots and rho, as the modes read them
+    detached: Head  # detached p, sampler q, the slots and rho, as the modes read them
 
 
 def _head(
@@ -84,17 +84,17 @@ def _head(
     else:
         tail_q = (1.0 - q.sum(-1)).clamp(min=0.0)
         rho = tail_q / (1.0 - p.sum(-1)).clamp(min=RHO_DENOMINATOR_FLOOR)
-    return _Head(log_p=log_p, head=Head(p=p, q=q, slots=slots, rho=rho))
+    return _Head(log_p=log_p, detached=Head(p=p, q=q, slots=slots, rho=rho))
 
 
-def _check_mode_arguments(
+def _window(
     mode: str,
     is_bounds: tuple[float, float] | None,
     token_mask: torch.Tensor,
     advantages: torch.Tensor | None,
     outer_bound: float | None,
 ) -> Window:
-    """The registered mode's window at this step, its arguments checked."""
+    """What the registered mode reads besides the head at this step, its arguments checked."""
     spec = get_mode(mode)
     if spec.bounds != "none":
         if is_bounds is None or len(is_bounds) != 2:
@@ -122,9 +122,9 @@ def _check_mode_arguments(
 
 def _correction(heads: _Head, mode: str, window: Window) -> torch.Tensor:
     """C at every position from its head (the mode's coefficients, detached, times log p)."""
-    head_mass, alpha = get_mode(mode).coefficients(heads.head, window)
+    head_mass, alpha = get_mode(mode).coefficients(heads.detached, window)
     # Untruncated IS: m = p and alpha = 1, so m - alpha * p is exactly 0.0 in floating point and C == 0.
-    coefficient = torch.where(heads.head.slots, head_mass - alpha.unsqueeze(-1) * heads.head.p, 0.0)
+    coefficient = torch.where(heads.detached.slots, head_mass - alpha.unsqueeze(-1) * heads.detached.p, 0.0)
     return (coefficient.detach() * heads.log_p).sum(-1)
 
 
@@ -158,7 +158,7 @@ def compute_score_centering_term(
         ``ScoreCenteringTerm(correction, sampler_head_mass)``, each shaped like ``token_mask``. The loss adds
         ``A * correction`` with the base loss's masks and normalization (docs/reference/score-centering.md §5.5).
     """
-    window = _check_mode_arguments(
+    window = _window(
         importance_sampling_mode,
         is_bounds,
         token_mask,
@@ -167,7 +167,7 @@ def compute_score_centering_term(
     )
     heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
     correction = _correction(heads, importance_sampling_mode, window)
-    return ScoreCenteringTerm(correction=correction, sampler_head_mass=heads.head.q.sum(-1))
+    return ScoreCenteringTerm(correction=correction, sampler_head_mass=heads.detached.q.sum(-1))
 
 
 def sampled_token_weights(
@@ -181,7 +181,7 @@ def sampled_token_weights(
     ratio r = p(y) / q(y) itself (``"is"``), clamped into the bounds (``"tis"``), zeroed outside them
     (``"icepop"``), or zeroed where adaptive-ppo-clip's filter rejects it for the sign of A
     (``"adaptive-ppo-clip"``, ``is_bounds`` = (lo, hi + k)); ``"off"``: 1."""
-    window = _check_mode_arguments(importance_sampling_mode, is_bounds, ratio, advantages, outer_bound)
+    window = _window(importance_sampling_mode, is_bounds, ratio, advantages, outer_bound)
     return get_mode(importance_sampling_mode).weights(ratio, window)
 
 
@@ -216,7 +216,7 @@ def score_centering_token_metrics(
     (verl's global token count). Keys as :func:`score_centering_metrics`."""
     with torch.no_grad():
         heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
-        return _token_metrics(heads.head, correction, token_mask)
+        return _token_metrics(heads.detached, correction, token_mask)
 
 
 def _token_metrics(head: Head, correction: torch.Tensor, token_mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -279,11 +279,11 @@ def score_centering_outputs(
     (``config.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
     §5.1, §5.6, §5.7): the head is computed once for both. ``advantages`` (broadcast to ``token_mask``) are
     read only under adaptive-ppo-clip."""
-    advantages = advantages.expand_as(token_mask) if plan.controller else None
-    window = _check_mode_arguments(plan.mode, plan.bounds_at(k), token_mask, advantages, plan.outer_bound)
+    advantages = advantages.expand_as(token_mask) if plan.uses_controller else None
+    window = _window(plan.mode, plan.bounds_at(k), token_mask, advantages, plan.outer_bound)
     heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
     correction = _correction(heads, plan.mode, window)
-    return ScoreCenteringOutputs(correction, _token_metrics(heads.head, correction, token_mask))
+    return ScoreCenteringOutputs(correction, _token_metrics(heads.detached, correction, token_mask))
 
 
 def plan_sampled_token_weights(

@@ -128,7 +128,7 @@ class ScoreCenteringMixin:
         self._centering = _CenteringStep()
         install_topk_head(target, lambda: self._centering.armed)
         self._controller = None
-        if plan.controller:
+        if plan.uses_controller:
             self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
         summary = f"{plan.summary()} (vLLM {generation.mode})"
         logger.info("%s", score_centering_settings_line(self.args.score_centering_config, summary))

@@ -25,6 +25,7 @@ from trl_length_plugin.score_centering.config import (
     refuse_sequence_ratio,
     resolve_mode,
 )
+from trl_length_plugin.score_centering.modes import get_mode
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
@@ -93,13 +94,11 @@ def _host_weights(args) -> HostWeights:
     def needs(mode: str) -> str:
         if mode == "off":
             return "needs vllm_importance_sampling_correction: false (TRL would weight the base loss)"
+        wanted = next((name for name, value in TOKEN_MODES.items() if value == mode), None)
+        if wanted is None and not get_mode(mode).written:  # neither TRL's mode nor weights the plugin writes
+            return "is not a mode of TRL's vllm_importance_sampling_mode, and the plugin does not write its weights"
         if not correction:
             return "needs vllm_importance_sampling_correction: true (with a token-level vllm_importance_sampling_mode)"
-        wanted = next((name for name, value in TOKEN_MODES.items() if value == mode), None)
-        if (
-            wanted is None
-        ):  # a registered mode TRL does not compute and whose weights the plugin does not write
-            return "is not a mode of TRL's vllm_importance_sampling_mode, and the plugin does not write its weights"
         return f"needs vllm_importance_sampling_mode: {wanted}, got {trl_mode!r}"
 
     def bounds(mode: str) -> tuple[float, float]:

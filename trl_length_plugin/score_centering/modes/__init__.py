@@ -60,8 +60,6 @@ class ImportanceSampling:
     controller: bool = False
     """The adaptive controller steps an offset k of hi (§5.7): needs ``force_on_policy_ratio`` and the
     advantages' sign, and its keys are the controller's."""
-    summary: str = ""
-    """One line for the config's help."""
     order: int = 100
     """Its place in the listings (messages, help): the package's modes in the table's order, 0-4."""
 
@@ -72,11 +70,21 @@ AUTO = "auto"
 
 
 def register_mode(mode: ImportanceSampling) -> ImportanceSampling:
-    """Register ``mode`` under its name (unique, not ``auto``); returns it."""
-    if mode.name in _MODES or mode.name == AUTO:
+    """Register ``mode`` under its name (unique, not ``auto``), its declarations checked; returns it."""
+    if mode.name == AUTO:
+        raise ValueError(f"importance-sampling mode {AUTO!r} is reserved: it takes the host's own mode")
+    if mode.name in _MODES:
         raise ValueError(f"importance-sampling mode {mode.name!r} is registered twice")
-    if mode.controller and mode.bounds != "clip":
-        raise ValueError(f"importance-sampling mode {mode.name!r}: the controller offsets the clip bounds")
+    if mode.controller != (mode.bounds == "clip"):
+        raise ValueError(
+            f"importance-sampling mode {mode.name!r}: the base loss's clip bounds go with the adaptive controller "
+            "(bounds='clip' and controller=True together)"
+        )
+    if mode.written and mode.bounds == "host":
+        raise ValueError(
+            f"importance-sampling mode {mode.name!r}: the host's bound keys belong to its own weights, which are "
+            "off where the plugin writes the weights"
+        )
     _MODES[mode.name] = mode
     return mode
 

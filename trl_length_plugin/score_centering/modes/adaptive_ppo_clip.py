@@ -38,7 +38,6 @@ register_mode(
         bounds="clip",
         written=True,
         controller=True,
-        summary="the adaptive PPO-clip filter, its upper bound stepped by the controller",
         order=4,
     )
 )

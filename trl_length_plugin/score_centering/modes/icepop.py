@@ -25,7 +25,6 @@ register_mode(
         coefficients,
         weights,
         bounds="host",
-        summary="importance sampling masked outside [lo, hi]",
         order=3,
     )
 )

@@ -13,4 +13,4 @@ def weights(ratio, window):
     return torch.ones_like(ratio)
 
 
-register_mode(ImportanceSampling("off", coefficients, weights, summary="no importance sampling", order=0))
+register_mode(ImportanceSampling("off", coefficients, weights, order=0))

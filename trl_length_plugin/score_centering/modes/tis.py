@@ -28,7 +28,6 @@ register_mode(
         coefficients,
         weights,
         bounds="host",
-        summary="truncated importance sampling in [lo, hi]",
         order=2,
     )
 )

@@ -20,7 +20,6 @@ register_mode(
         coefficients,
         weights,
         written=True,
-        summary="untruncated token-level importance sampling",
         order=1,
     )
 )
