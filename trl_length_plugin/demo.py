@@ -219,8 +219,9 @@ def last_number_correctness(completions: list, answer: list[str], **kwargs) -> l
     return gsm8k_correctness(completions, answer)
 
 
-#: one-step arithmetic in words on SmolLM2-135M-Instruct (docs/efficacy.md, "On a real chat model"): every
-#: seed starts from the same pretrained model; the answer is the last number of the completion
+#: one-step arithmetic on SmolLM2-135M-Instruct (docs/efficacy.md, "On a real chat model"): every seed starts
+#: from the same pretrained model; the answer is the last number of the completion. Its best arm and best peer
+#: are the reasoning grid's, the two arms its grid compares with plain GRPO (the demo does not run this task)
 REAL = Task(
     "real",
     REAL_TRAINING,
