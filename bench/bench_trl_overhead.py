@@ -85,6 +85,28 @@ class StepClock:
         self.callback = Callback()
 
 
+def timed_plugin(own: dict[int, float]) -> type:
+    """The plugin trainer adding the CPU time of its own work (shaping, the §3.3 update and writing it into
+    TRL's batch) to ``own[global_step]``."""
+    from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
+
+    def timed(method):
+        def wrapper(self, *args, **kwargs):
+            start = time.process_time()
+            result = method(self, *args, **kwargs)
+            own[self.state.global_step] = own.get(self.state.global_step, 0.0) + time.process_time() - start
+            return result
+
+        return wrapper
+
+    class TimedPlugin(LengthPluginGRPOTrainer):
+        _shape = timed(LengthPluginGRPOTrainer._shape)
+        _advantage_update = timed(LengthPluginGRPOTrainer._advantage_update)
+        _apply_advantage_update = timed(LengthPluginGRPOTrainer._apply_advantage_update)
+
+    return TimedPlugin
+
+
 def run(plugin: bool, steps: int, seed: int, output_dir: str) -> tuple[StepClock, list[float]]:
     """The step clock and, for the plugin, the CPU time of its own code per step."""
     from trl import GRPOConfig, GRPOTrainer
@@ -95,7 +117,7 @@ def run(plugin: bool, steps: int, seed: int, output_dir: str) -> tuple[StepClock
         embedded_model_dir,
         load_tokenizer,
     )
-    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
 
     model_dir = embedded_model_dir()
     common = dict(
@@ -109,25 +131,8 @@ def run(plugin: bool, steps: int, seed: int, output_dir: str) -> tuple[StepClock
         **CPU_RUN_ARGS,
     )
     own: dict[int, float] = {}
-
-    def timed(method):
-        def wrapper(self, *args, **kwargs):
-            start = time.process_time()
-            result = method(self, *args, **kwargs)
-            own[self.state.global_step] = own.get(self.state.global_step, 0.0) + time.process_time() - start
-            return result
-
-        return wrapper
-
-    class TimedPlugin(LengthPluginGRPOTrainer):
-        """The plugin's own work per step: shaping, the §3.3 update and writing it into TRL's batch."""
-
-        _shape = timed(LengthPluginGRPOTrainer._shape)
-        _advantage_update = timed(LengthPluginGRPOTrainer._advantage_update)
-        _apply_advantage_update = timed(LengthPluginGRPOTrainer._apply_advantage_update)
-
     if plugin:
-        cls, args = TimedPlugin, LengthPluginGRPOConfig(**common, **EVERYTHING)
+        cls, args = timed_plugin(own), LengthPluginGRPOConfig(**common, **EVERYTHING)
     else:
         cls, args = GRPOTrainer, GRPOConfig(**common)
     clock = StepClock()

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench._harness import header, report
 from trl_length_plugin.recipes import RECIPES_DIR
 from verl_adapter.check import recipe_overrides
-from verl_adapter.smoke import read_metrics
+from verl_adapter.smoke_log import read_metrics
 
 RECIPE = RECIPES_DIR / "verl" / "grpo_length_penalty_qwen2.5-0.5b.sh"
 BLOCK = RECIPES_DIR / "verl" / "length_penalty_gsm8k.yaml"

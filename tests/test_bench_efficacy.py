@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import bench_efficacy as bench
-from trl_length_plugin import demo
+from trl_length_plugin import demo, real_task
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS_ARMS = {"GSPO", "LUSPO"}
@@ -536,11 +536,15 @@ def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeyp
 
 
 def test_the_real_task_draws_one_step_problems_apart_from_its_held_out_ones():
-    held_out = [demo.question(row) for row in demo.real_held_out()]
-    assert len(held_out) == len(set(held_out)) == demo.REAL_HELD_OUT
-    training = demo.real_training_set(0)
+    held_out = [demo.question(row) for row in real_task.real_held_out()]
+    assert len(held_out) == len(set(held_out)) == real_task.REAL_HELD_OUT
+    training = real_task.real_training_set(0)
     assert not set(map(demo.question, training)) & set(held_out)
-    assert demo.real_training_set(0)["prompt"] == training["prompt"] != demo.real_training_set(1)["prompt"]
+    assert (
+        real_task.real_training_set(0)["prompt"]
+        == training["prompt"]
+        != real_task.real_training_set(1)["prompt"]
+    )
     for row in training:
         a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", demo.question(row)).groups()
         assert 2 <= int(a) <= 20 and 2 <= int(b) <= 20
@@ -549,28 +553,32 @@ def test_the_real_task_draws_one_step_problems_apart_from_its_held_out_ones():
 
 def test_the_real_task_scores_the_last_number_and_logs_it_under_its_own_name():
     completions = ["6 + 20 = 26.", "It is 25", "26 apples, or 3 boxes", "twenty-six"]
-    assert demo.last_number_correctness(completions, ["26"] * 4) == [1.0, 0.0, 0.0, 0.0]
-    assert demo.REAL.accuracy_key == "rewards/last_number_correctness/mean"
+    assert real_task.last_number_correctness(completions, ["26"] * 4) == [1.0, 0.0, 0.0, 0.0]
+    assert real_task.REAL.accuracy_key == "rewards/last_number_correctness/mean"
     assert demo.ARITHMETIC.accuracy_key == demo.REASONING.accuracy_key == demo.ACCURACY_KEY
-    assert demo.REAL.max_length == 48 and demo.REAL.training["temperature"] == 0.7
-    assert set(demo.GRID_TASKS) == {*demo.TASKS, "real"} and "real" not in demo.TASKS  # not a demo task
+    assert real_task.REAL.max_length == 48 and real_task.REAL.training["temperature"] == 0.7
+    assert set(real_task.GRID_TASKS) == {*demo.TASKS, "real"} and "real" not in demo.TASKS  # not a demo task
 
 
 def test_the_real_tasks_stored_settings_name_it_and_its_samples():
-    plain = bench.arms_by_name(demo.REAL)[bench.PLAIN]
-    stored = bench.settings(plain, 30, demo.REAL)
-    assert (stored["task"], stored["eval_samples"], stored["training"]) == ("real", 8, demo.REAL_TRAINING)
-    assert bench.warm_settings(demo.REAL, profiled=False)["profile_samples"] == 0
+    plain = bench.arms_by_name(real_task.REAL)[bench.PLAIN]
+    stored = bench.settings(plain, 30, real_task.REAL)
+    assert (stored["task"], stored["eval_samples"], stored["training"]) == (
+        "real",
+        8,
+        real_task.REAL_TRAINING,
+    )
+    assert bench.warm_settings(real_task.REAL, profiled=False)["profile_samples"] == 0
     assert bench.warm_settings(demo.REASONING) == bench.warm_settings(demo.REASONING, profiled=True)
-    assert bench.described(demo.REAL) == "smollm2-135m-instruct, one-step arithmetic"
+    assert bench.described(real_task.REAL) == "smollm2-135m-instruct, one-step arithmetic"
 
 
 def test_the_peers_score_the_real_task_with_its_own_correctness():
     """Kimi's reward and TRL's cosine read correctness: on the real task, the last number (not the embedded
     task's ``<think>`` format, which no completion of the real model has)."""
-    arms = bench.arms_by_name(demo.REAL)
-    (kimi,), _ = bench.peer_rewards(arms["Kimi k1.5 length reward 1.0"], demo.REAL)
+    arms = bench.arms_by_name(real_task.REAL)
+    (kimi,), _ = bench.peer_rewards(arms["Kimi k1.5 length reward 1.0"], real_task.REAL)
     completions, ids = ["It is 26."] + ["27"] * 7, [[0] * 3] + [[0] * 9] * 7
     assert kimi(completions=completions, completion_ids=ids, answer=["26"] * 8) == [0.5] + [-0.5] * 7
-    (cosine,), weights = bench.peer_rewards(arms["TRL cosine"], demo.REAL)
+    (cosine,), weights = bench.peer_rewards(arms["TRL cosine"], real_task.REAL)
     assert weights == [0.0, 1.0] and cosine(completions=["26"], completion_ids=[[0]], answer=["26"])[0] > 0.5

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import bench_real_overhead as bench
-from trl_length_plugin import demo
+from trl_length_plugin import real_task
 
 
 @pytest.mark.parametrize("feature", list(bench.AGAINST))
@@ -28,7 +28,7 @@ def test_every_arm_builds_a_valid_config(name, tmp_path):
 
     plugin, keys = bench.ARMS[name]
     config = (LengthPluginGRPOConfig if plugin else GRPOConfig)(
-        output_dir=str(tmp_path), max_steps=2, **demo.REAL.training, **CPU_RUN_ARGS, **keys
+        output_dir=str(tmp_path), max_steps=2, **real_task.REAL.training, **CPU_RUN_ARGS, **keys
     )
     assert config.num_generations == 8 and config.max_completion_length == 48
     if name == "LUSPO":  # LUSPO keeps stock GSPO's ratio and clip range, and changes only the loss
@@ -43,3 +43,20 @@ def test_every_arm_builds_a_valid_config(name, tmp_path):
 def test_the_shaping_arms_data_carries_the_columns_its_terms_read():
     data = bench.dataset(4, seed=0)
     assert len(data) == 4 and {bench.PROFILED_REWARDS, bench.PROFILE_BAND} <= set(data.column_names)
+
+
+def test_each_family_alternates_base_and_features_abba():
+    assert bench.families(["group shaping", "LUSPO", "coefficient"]) == [
+        ["stock GRPOTrainer", "group shaping", "coefficient"],
+        ["stock GSPO", "LUSPO"],
+    ]
+    order = bench.abba(["B", "S", "C"], rounds=2)
+    assert order == ["B", "S", "C", "C", "S", "B"] * 2
+    assert not bench.uses_vllm("LUSPO") and bench.uses_vllm("score centering off")
+
+
+def test_the_ratio_interval_holds_the_ratio_of_medians_and_narrows_with_agreeing_steps():
+    low, high = bench.ratio_interval([1.02] * 5, [1.0] * 5)
+    assert low == high == pytest.approx(1.02)
+    low, high = bench.ratio_interval([0.9, 1.0, 1.1, 1.2, 1.05], [1.0, 0.95, 1.05, 1.1, 1.0])
+    assert low < 1.05 / 1.0 < high

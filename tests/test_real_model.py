@@ -66,6 +66,46 @@ def test_recipe_flags_keep_the_algorithm_and_replace_the_rest(tmp_path):
     assert "--dataset_name" not in embedded and "--vllm_mode" not in embedded
 
 
+def test_profiled_recipes_profile_the_model_first_as_their_headers_say(tmp_path):
+    from trl_length_plugin.recipe_smoke import NEEDS_PROFILES, profile_command
+    from trl_length_plugin.recipes import trl_recipes
+
+    recipes = trl_recipes()
+    for name, flags in NEEDS_PROFILES.items():
+        command, prompts = profile_command(name, tmp_path / "model", tmp_path)
+        assert command[3:5] == ["profile", str(tmp_path / f"{name}-profile" / "rollouts.jsonl")]
+        assert command[command.index("--model") + 1] == str(tmp_path / "model")
+        assert prompts == tmp_path / f"{name}-profile" / "prompts"
+        assert command[len(command) - len(flags) :] == list(flags)
+        header = recipes[name].read_text()
+        assert all(flag in header for flag in flags)  # the recipe's own profile command
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "score"),
+    [
+        ("14 + 15 equals 29.", "29", 1.0),  # the trailing full stop is not part of the number
+        ("It is 1,024 apples", "1024", 1.0),  # thousands separators
+        ("29, no wait, 28", "29", 0.0),  # the last number counts
+        ("<think>29</think> so 28", "29", 0.0),  # after the reasoning only
+        ([{"role": "assistant", "content": "The answer is -3"}], "-3", 1.0),
+        ("no number at all", "3", 0.0),
+        ("3", "three", 0.0),  # a reference that is not a number never matches
+    ],
+)
+def test_the_last_number_check_of_gsm8k_and_the_real_task(completion, answer, score):
+    from trl_length_plugin.embedded.task import last_number_score
+    from trl_length_plugin.real_task import last_number_correctness
+    from trl_length_plugin.trl_integration.tasks import gsm8k_correctness
+
+    assert last_number_score(completion, answer) == score
+    assert (
+        gsm8k_correctness([completion], [answer])
+        == last_number_correctness([completion], [answer])
+        == [score]
+    )
+
+
 def test_log_rows_read_the_trainers_printed_rows():
     out = "noise\n{'loss': '0.1', 'length_penalty/adjusted_frac': 0.5, 'epoch': 1}\n{'train_runtime': 3.0}\n{bad\n"
     rows = log_rows(out)

@@ -26,6 +26,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trl_length_plugin.config_base import did_you_mean, read_yaml
 from trl_length_plugin.shaping import (
     LengthConfigError,
     RolloutBatch,
@@ -37,7 +38,6 @@ from trl_length_plugin.shaping import (
     measure_lengths,
     shape_rollouts,
 )
-from trl_length_plugin.shaping.config import did_you_mean, read_yaml
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 
 BAND = {"default": {"profile_band_total": True}}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from trl_length_plugin.config_base import unwrapped
 from trl_length_plugin.shaping import (
     LengthConfigError,
     RolloutBatch,
@@ -20,7 +21,7 @@ from trl_length_plugin.shaping import (
     prompt_with_target,
     shape_rollouts,
 )
-from trl_length_plugin.shaping.config import LengthPenaltyParams, LengthShapingConfig, _unwrapped
+from trl_length_plugin.shaping.config import LengthPenaltyParams, LengthShapingConfig
 from trl_length_plugin.shaping.fields import MAX_LENGTH, MAX_WEIGHT
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 
@@ -36,7 +37,7 @@ FLOAT_KEYS = {
     **{f"length_penalty.default.{k}": f for k, f in LengthPenaltyParams.model_fields.items()},
     **dict(LengthShapingConfig.model_fields),
 }
-FLOAT_KEYS = {k: f for k, f in FLOAT_KEYS.items() if _unwrapped(f.annotation) in (int, float)}
+FLOAT_KEYS = {k: f for k, f in FLOAT_KEYS.items() if unwrapped(f.annotation) in (int, float)}
 
 
 @pytest.mark.parametrize("key", sorted(FLOAT_KEYS))
@@ -81,7 +82,7 @@ def extreme_config(sign: float) -> dict:
     """Every term on, every float key at the end of its range (``sign``: the upper or the lower end)."""
     default = {}
     for name, field in LengthPenaltyParams.model_fields.items():
-        if _unwrapped(field.annotation) is float:
+        if unwrapped(field.annotation) is float:
             low, high = bounds(field)
             default[name] = low if sign < 0 and low == -MAX_WEIGHT else high
     default["top_percentile"] = 1.0

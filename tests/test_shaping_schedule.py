@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, shape_rollouts
-from trl_length_plugin.shaping.config import KeySchedule, LengthConfigError, LengthShapingConfig
+from trl_length_plugin.shaping.config import LengthConfigError, LengthShapingConfig
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
 from trl_length_plugin.shaping.schedule import (
     STATE_FILE,
@@ -26,6 +26,7 @@ from trl_length_plugin.shaping.schedule import (
     scheduled_values,
     value_at,
 )
+from trl_length_plugin.shaping.schedule_keys import KeySchedule
 from trl_length_plugin.shaping.terms import terms
 
 GROUP_COEFF = "length_penalty.default.group_total_length_penalty_coeff"

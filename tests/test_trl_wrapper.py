@@ -87,6 +87,15 @@ def test_wrapper_matches_subclass(setup, tmp_path):
             ), key
 
 
+@pytest.mark.parametrize("name", ["length_penalty_coeff", "length_penalty.default.total_bonus", "weight"])
+def test_a_callback_schedule_of_a_config_number_is_refused_when_built(name):
+    """One mechanism moves the shaping config's numbers, length_schedule (checked at load, saved in checkpoints)."""
+    with pytest.raises(
+        ValueError, match=f"schedules only length_penalty_weight, not '{name}'.*length_schedule"
+    ):
+        LengthPluginCallback({name: lambda step: 0.5})
+
+
 @pytest.mark.slow
 def test_weight_schedule_reaches_wrapper_and_trainer(setup, tmp_path):
     tokenizer, common = setup

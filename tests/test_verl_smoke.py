@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter import smoke
+from verl_adapter import smoke, smoke_config
 from verl_adapter.check import recipe_overrides
 from verl_adapter.smoke import (
     cpu_overrides,
@@ -82,6 +82,14 @@ def test_first_error_is_the_workers_exception_line():
     assert first_error(["(pid=9) Traceback (most recent call last):", "(pid=9) OSError: disk"]) == (
         "worker pid=9: OSError: disk"
     )
+    # a vLLM engine logs its worker's traceback line by line behind its logger's prefix (seen on SmolLM2)
+    engine = "(vLLMHttpServer pid=5) (Worker pid=7) ERROR 12-04 11:16:17 [multiproc_executor.py:1058] "
+    logged = [
+        engine + "Traceback (most recent call last):",
+        engine + '  File "utils.py", line 461',
+        engine + "ValueError: tied",
+    ]
+    assert first_error(logged) == "Worker pid=7: ValueError: tied"
 
 
 def test_cpu_overrides_keep_every_algorithm_loss_and_plugin_key(tmp_path):
@@ -107,6 +115,24 @@ def test_the_response_fits_the_users_length_limits(tmp_path):
     assert "++data.max_response_length=48" in cpu_overrides([], 2, tmp_path, tmp_path).overrides
 
 
+def test_the_weight_bucket_holds_every_weight_and_a_tied_head_again(tmp_path):
+    """vLLM 0.31 refuses a tied head that reaches it in another bucket than its embedding (the real model's
+    49,152 x 576 embedding alone is 108 MiB): one bucket holds all, in float32."""
+    import torch
+    from safetensors.torch import save_file
+
+    assert (
+        smoke_config.weight_bucket_megabytes(tmp_path) == 16
+    )  # no weights: verl's CPU default of this command
+    weights = {"small": torch.zeros(256, 1024), "embed": torch.zeros(49152, 576, dtype=torch.bfloat16)}
+    save_file(weights, tmp_path / "a.safetensors")
+    embed, small = 49152 * 576 * 4, 256 * 1024 * 4
+    assert smoke_config.weight_bytes(tmp_path) == (embed + small, embed)
+    assert smoke_config.weight_bucket_megabytes(tmp_path) == 108 + 1 + 108 + 1
+    overrides = cpu_overrides([], 2, tmp_path, tmp_path / "run").overrides
+    assert "++actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=218" in overrides
+
+
 def test_local_data_and_reward_function_are_kept_with_a_model_of_the_users(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.parquet").write_text(""), (tmp_path / "reward.py").write_text("")
@@ -125,6 +151,24 @@ def test_local_data_and_reward_function_are_kept_with_a_model_of_the_users(tmp_p
     assert f"++data.train_files={tmp_path / 'run' / 'data' / 'train.parquet'}" in replaced
     assert f"++reward.custom_reward_function.path={tmp_path / 'reward.py'}" in replaced
     assert not any("embedded_reward" in o for o in replaced)
+
+
+def test_a_real_model_without_local_data_trains_on_the_real_task(tmp_path):
+    """The embedded task's format is one a real model never answers: with a group filter (DAPO's dynamic
+    sampling) every group would be all-zero and verl would sample forever (seen on SmolLM2)."""
+    import pandas as pd
+
+    from verl_adapter.embedded_reward import compute_score
+
+    replaced = cpu_overrides([], 2, tmp_path, tmp_path / "run", own_data=True)
+    assert any("(data: the real chat model task)" in note for note in replaced.notes)
+    rows = pd.read_parquet(tmp_path / "run" / "data" / "train.parquet")
+    assert set(rows["data_source"]) == {"real/arithmetic"} and rows["prompt"][0][0]["content"].startswith(
+        "What is"
+    )
+    assert compute_score("real/arithmetic", "It is 29.", "29") == 1.0
+    assert compute_score("real/arithmetic", "<think>29</think> 28", "29") == 0.0
+    assert compute_score("embedded/reasoning", "It is 29.", "29") == 0.0
 
 
 def test_verdict_needs_every_step_finite_with_the_plugins_metrics():

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter.smoke import read_metrics
+from verl_adapter.smoke_log import read_metrics
 
 RECIPES = RECIPES_DIR / "verl"
 REPO = Path(__file__).resolve().parents[1]

@@ -38,16 +38,11 @@ from pydantic import ValidationError
 from trl_length_plugin import __version__
 from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
 from trl_length_plugin.cli_help import grouped_keys, plugin_help
+from trl_length_plugin.config_base import config_error, did_you_mean, read_yaml
 from trl_length_plugin.plugin_keys import KEY_FAMILIES, PLUGIN_KEYS, HostKeys
 from trl_length_plugin.recipes import resolve_config
 from trl_length_plugin.score_centering.config import ScoreCenteringConfig, sampling_filter_error
-from trl_length_plugin.shaping.config import (
-    SHAPING_KEYS,
-    config_error,
-    did_you_mean,
-    load_shaping_config,
-    read_yaml,
-)
+from trl_length_plugin.shaping.config import SHAPING_KEYS, load_shaping_config
 from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 PROG = "trl-length-grpo"

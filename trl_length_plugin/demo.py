@@ -48,11 +48,6 @@ PLAIN_NAME = "plain GRPO"
 REASONING_TRAINING = {**TRAINING, "max_completion_length": 64, "shuffle_dataset": False}
 #: the reasoning task's training problems per seed: 128 steps of 4 prompts (a longer run starts them again)
 REASONING_TRAINING_SIZE = 512
-#: the real chat model's GRPO settings (docs/efficacy.md, "On a real chat model"): 2 prompts x 8 completions a
-#: step on two CPU cores, sampled at 0.7, where the model has a correctness signal (1.0 has little)
-REAL_TRAINING = {**TRAINING, "per_device_train_batch_size": 16, "temperature": 0.7, "learning_rate": 1e-5}
-#: the real task's held-out problems (distinct) and completions sampled per problem
-REAL_HELD_OUT, REAL_EVAL_SAMPLES = 32, 8
 
 
 @dataclass(frozen=True)
@@ -179,65 +174,6 @@ REASONING = Task(
 #: the task ``make demo`` and the comparison of docs/efficacy.md use
 DEFAULT_TASK = REASONING
 TASKS = {task.name: task for task in (ARITHMETIC, REASONING)}
-
-
-def word_arithmetic(n: int, seed: int):
-    """``n`` one-step problems written "What is a + b?" or "What is a - b?" (operands 2-20, no negative results) with
-    their ``answer``, drawn with ``seed``: where the real chat model has some correctness signal."""
-    import random
-
-    import datasets
-
-    rng = random.Random(seed)
-    prompts, answers = [], []
-    for _ in range(n):
-        a, b, op = rng.randint(2, 20), rng.randint(2, 20), rng.choice("+-")
-        if op == "-" and b > a:
-            a, b = b, a
-        prompts.append([{"role": "user", "content": f"What is {a} {op} {b}?"}])
-        answers.append(str(a + b if op == "+" else a - b))
-    return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})
-
-
-def real_held_out():
-    """The real task's held-out problems: the first ``REAL_HELD_OUT`` distinct ones of their draw."""
-    problems = distinct_problems(word_arithmetic(4 * REAL_HELD_OUT, HELD_OUT_SEED))
-    return problems.select(range(REAL_HELD_OUT))
-
-
-def real_training_set(seed: int):
-    """The real task's training problems of ``seed``, held-out problems removed."""
-    held_out = set(map(question, real_held_out()))
-    return word_arithmetic(512, seed).filter(lambda row: question(row) not in held_out)
-
-
-def last_number_correctness(completions: list, answer: list[str], **kwargs) -> list[float]:
-    """The real task's reward: ``gsm8k_correctness`` (1.0 when the completion's last number is the answer),
-    imported when first called, so that importing the demo does not import TRL."""
-    from trl_length_plugin.trl_integration.tasks import gsm8k_correctness
-
-    return gsm8k_correctness(completions, answer)
-
-
-#: one-step arithmetic on SmolLM2-135M-Instruct (docs/efficacy.md, "On a real chat model"): every seed starts
-#: from the same pretrained model; the answer is the last number of the completion. Its best arm and best peer
-#: are the reasoning grid's, the two arms its grid compares with plain GRPO (the demo does not run this task)
-REAL = Task(
-    "real",
-    REAL_TRAINING,
-    real_held_out,
-    real_training_set,
-    best_name="group-relative 1.0",
-    best_keys=GROUP_RELATIVE,
-    best_peer="Kimi k1.5 length reward 1.0",
-    grid_summary="efficacy_real_runs.json",
-    warm_seed=0,
-    real_model="smollm2-135m-instruct",
-    reward=last_number_correctness,
-    eval_samples=REAL_EVAL_SAMPLES,
-)
-#: every task of bench/bench_efficacy.py's grids: the embedded ones and the real chat model's
-GRID_TASKS = {**TASKS, REAL.name: REAL}
 
 
 def sampling_config(

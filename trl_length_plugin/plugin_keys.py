@@ -15,9 +15,10 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
 
+from trl_length_plugin.config_base import unwrapped
 from trl_length_plugin.score_centering.config import ScoreCenteringConfig
 from trl_length_plugin.shaping.columns import AGENT_COLUMN
-from trl_length_plugin.shaping.config import LengthShapingConfig, _unwrapped
+from trl_length_plugin.shaping.config import LengthShapingConfig
 
 
 class HostKeys(BaseModel):
@@ -72,7 +73,7 @@ def host_field(info: FieldInfo) -> tuple[Any, dict[str, Any]]:
     """The type and default of a key as a dataclass field of TRL's parser: a block of keys is a mapping or a
     list, also written as a JSON string or the path of a YAML file (unset: None); a pair is a list; a choice
     is a string."""
-    kind = _unwrapped(info.annotation)
+    kind = unwrapped(info.annotation)
     if kind is dict or (isinstance(kind, type) and issubclass(kind, BaseModel)):
         return dict | str | None, {"default": None}
     if get_origin(kind) is tuple:

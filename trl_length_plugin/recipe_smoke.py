@@ -29,8 +29,9 @@ from trl_length_plugin.plugin_keys import KEY_FAMILIES
 from trl_length_plugin.recipes import trl_recipes
 
 PROG = "trl-length recipe-smoke"
-#: recipes that read per-prompt data made by ``trl-length profile`` first (docs/profiles.md)
-NEEDS_PROFILES = ("profiled_cpu", "target_length_cpu")
+#: recipes that read per-prompt data made by ``trl-length profile`` first (docs/profiles.md), with the profile
+#: flags their headers give: the run samples the model on the embedded task's prompts and profiles them first
+NEEDS_PROFILES = {"profiled_cpu": (), "target_length_cpu": ("--targets", "0.5", "--target-prompt")}
 #: the sizes of a CPU run: 2 groups of 4 completions of up to 48 tokens a step
 SIZES = {
     "num_generations": "4",
@@ -138,17 +139,47 @@ def problems(done: subprocess.CompletedProcess, output: Path, recipe: dict) -> l
     return found
 
 
+def profile_command(name: str, model: Path, root: Path) -> tuple[list[str], Path]:
+    """``trl-length profile`` as the recipe's header runs it, on ``model`` and a few embedded prompts, and the
+    prompts folder it writes (the recipe's dataset)."""
+    folder = root / f"{name}-profile"
+    command = [sys.executable, "-m", "trl_length_plugin.commands", "profile", str(folder / "rollouts.jsonl")]
+    command += ["--generate", "embedded", "--model", str(model), "--samples", SIZES["num_generations"]]
+    command += [
+        "--prompts",
+        "embedded",
+        "--dataset-size",
+        SIZES["dataset_size"],
+        "--output",
+        str(folder / "prompts"),
+    ]
+    return command + list(NEEDS_PROFILES[name]), folder / "prompts"
+
+
 def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root: Path) -> tuple[bool, str]:
     recipe = yaml.safe_load(path.read_text())
     output = root / name
-    command = [sys.executable, "-m", "trl_length_plugin.cli", "--config", f"recipe:{name}"]
-    command += recipe_flags(recipe, model, data, steps, output)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    commands = []
+    if name in NEEDS_PROFILES:
+        profile, data = profile_command(name, model, root)
+        recipe["dataset_name"] = str(data)
+        commands.append(profile)
+    train = [sys.executable, "-m", "trl_length_plugin.cli", "--config", f"recipe:{name}"]
+    commands.append(train + recipe_flags(recipe, model, data, steps, output))
     started = time.monotonic()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:  # subprocess.run killed the trainer; vLLM runs in-process
-        return False, f"{name:<28} {time.monotonic() - started:6.0f} s  FAIL: timed out after {TIMEOUT_S} s"
+    for command in commands:
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=env, cwd=root, timeout=TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:  # subprocess.run killed the trainer; vLLM runs in-process
+            return (
+                False,
+                f"{name:<28} {time.monotonic() - started:6.0f} s  FAIL: timed out after {TIMEOUT_S} s",
+            )
+        if done.returncode != 0:
+            break
     seconds = time.monotonic() - started
     found = problems(done, output, recipe)
     verdict = "PASS" if not found else "FAIL: " + "; ".join(found)
@@ -167,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name in args.names if name not in recipes]
     if unknown:
         parser.error(f"no recipe named {', '.join(unknown)}; `trl-length recipes` lists them")
-    names = args.names or [name for name in recipes if name not in NEEDS_PROFILES]
+    names = args.names or list(recipes)
     try:
         model = model_folder(args.model)
     except (ImportError, ValueError) as err:
@@ -185,8 +216,6 @@ def main(argv: list[str] | None = None) -> None:
             passed, line = run_recipe(name, recipes[name], model, data, args.steps, root)
             failed += not passed
             print(line, flush=True)
-    if args.names == [] and NEEDS_PROFILES:
-        print(f"[{PROG}] not run: {', '.join(NEEDS_PROFILES)} (they read `trl-length profile` output first)")
     raise SystemExit(1 if failed else 0)
 
 

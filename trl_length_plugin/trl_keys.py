@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from trl_length_plugin.shaping.config import did_you_mean
+from trl_length_plugin.config_base import did_you_mean
 
 #: the values TRL 1.16 accepts for each choice key the plugin reads. TRL has no machine-readable list (the
 #: fields are plain ``str``); tests/test_trl_keys.py checks this table against the values ``GRPOTrainer``

@@ -62,11 +62,15 @@ def refuse_in_legacy_trainer(feature: str, enabled: Callable) -> None:
     ray_trainer.RayPPOTrainer.__init__ = __init__
 
 
+def checkpoint_folder(trainer_config, global_steps: int) -> str:
+    """Step ``global_steps``'s checkpoint folder in verl 0.9.1's layout, ``default_local_dir/global_step_<n>``,
+    where ``_save_checkpoint`` writes and the plugin saves its own state beside it."""
+    return os.path.join(trainer_config.default_local_dir, f"global_step_{global_steps}")
+
+
 def resumed_checkpoint_folder(trainer_config, global_steps: int) -> str:
     """The checkpoint folder verl's ``_load_checkpoint`` resumed from: ``trainer.resume_from_path`` in
-    ``resume_path`` mode, else ``default_local_dir/global_step_<n>`` (verl 0.9.1's own layout), absolute."""
+    ``resume_path`` mode, else :func:`checkpoint_folder`, absolute."""
     if trainer_config.resume_mode == "resume_path":
-        folder = trainer_config.resume_from_path
-    else:
-        folder = os.path.join(trainer_config.default_local_dir, f"global_step_{global_steps}")
-    return os.path.abspath(folder)
+        return os.path.abspath(trainer_config.resume_from_path)
+    return os.path.abspath(checkpoint_folder(trainer_config, global_steps))

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from trl_length_plugin.config_base import did_you_mean
 from trl_length_plugin.shaping.config import (
     LengthConfigError,
     LengthShapingConfig,
-    did_you_mean,
     length_limit_error,
     load_shaping_config,
 )

@@ -44,7 +44,7 @@ from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.schedule import coeff_at, resume_message, save_schedule_state
 from trl_length_plugin.shaping.settings import shaping_settings_lines
 
-from ._host import resumed_checkpoint_folder
+from ._host import checkpoint_folder, resumed_checkpoint_folder
 from .length_advantage import raw_scores
 from .length_config import log_rollouts, shaping_config
 from .length_filter import SHAPED_BUFFERS, with_shaped_filter
@@ -120,7 +120,7 @@ class LengthShapingMixin:
 
     def _save_checkpoint(self):
         if self.length_shaping.enabled:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            folder = checkpoint_folder(self.config.trainer, self.global_steps)
             os.makedirs(folder, exist_ok=True)
             save_schedule_state(self.length_shaping, self.global_steps, folder)
         super()._save_checkpoint()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from functools import partial
 
 import torch
@@ -34,7 +33,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry
 
 from trl_length_plugin.shaping.settings import score_centering_settings_line
 
-from ._host import resumed_checkpoint_folder
+from ._host import checkpoint_folder, resumed_checkpoint_folder
 from .score_centering_config import (
     LOSS_MODE,
     prepare_config,
@@ -117,8 +116,7 @@ class ScoreCenteringMixin:
 
     def _save_checkpoint(self):
         if self.score_centering_controller is not None:
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            self.score_centering_controller.save(folder)
+            self.score_centering_controller.save(checkpoint_folder(self.config.trainer, self.global_steps))
         super()._save_checkpoint()
 
     def _load_checkpoint(self):

@@ -16,215 +16,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
-import math
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from verl_adapter.check import CheckError, one_line, overrides_errors, recipe_overrides
+from verl_adapter.smoke_config import SmokeConfigError, cpu_overrides, model_path, user_value
+from verl_adapter.smoke_log import cell, first_error, read_metrics, screen, summary_lines, verdict
 
 PROG = "trl-length verl-smoke"
 ENTRY = "verl.trainer.main_ppo"
-#: rows of the parquet written from the embedded task (train and validation)
-TRAIN_ROWS, VAL_ROWS = 64, 8
-#: the sizes a CPU run uses (a group keeps the user's rollout.n)
-PROMPTS_PER_STEP = 4
-MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH = 64, 48
 #: Ctrl-C, kill and a closed terminal: each ends the run's session, then the command
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: a worker error with no progress for this long ends the run (verl can hang after a worker died)
 STALL_AFTER_ERROR_S = 45.0
-#: the metrics of the one screen: (column, verl metric keys, first found is shown)
-COLUMNS = (
-    ("reward", ("critic/score/mean",)),
-    ("shaped", ("critic/rewards/mean",)),
-    ("resp len", ("response_length/mean",)),
-    ("adjusted", ("length_penalty/adjusted_frac",)),
-    ("coeff pen.", ("length_penalty/coeff_penalized_frac",)),
-    ("luspo ratio", ("actor/luspo_seq_ratio_mean",)),
-    ("pg_loss", ("actor/pg_loss",)),
-    ("grad_norm", ("actor/grad_norm",)),
-    ("head mass", ("score_centering/head_mass",)),
-    ("correction", ("score_centering/correction_mean", "score_centering/correction")),
-    ("logp corr", ("training/rollout_actor_probs_pearson_corr",)),
-)
-#: metric prefixes the plugin writes (shown in the screen's last line of each step)
-PLUGIN_PREFIXES = ("length_penalty/", "length_coeff/", "actor/luspo_", "score_centering/")
-
-
-class SmokeConfigError(Exception):
-    """A bad command line or configuration (exit code 2)."""
-
-
-@dataclass
-class Replaced:
-    """The overrides a CPU run adds, and a note per group of keys they replace (the command's first line)."""
-
-    overrides: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def set(self, key: str, value, why: str | None = None) -> None:
-        self.overrides.append(f"++{key}={value}")
-        if why:
-            self.notes.append(f"{key}={value} ({why})")
-
-
-def _user_value(overrides: list[str], key: str) -> str | None:
-    """The last value ``overrides`` give ``key`` (with or without ``+``/``++``)."""
-    found = None
-    for override in overrides:
-        name, sep, value = override.lstrip("+~").partition("=")
-        if sep and name == key:
-            found = value.strip("'\"")
-    return found
-
-
-def _data_files_exist(overrides: list[str]) -> bool:
-    files = [_user_value(overrides, "data.train_files"), _user_value(overrides, "data.val_files")]
-    return all(f and Path(os.path.expanduser(f)).is_file() for f in files)
-
-
-def write_embedded_data(folder: Path) -> tuple[Path, Path]:
-    """train.parquet and val.parquet from the embedded reasoning task in verl's row layout: ``prompt`` (a chat),
-    ``data_source``, ``reward_model.ground_truth``, ``extra_info.index``."""
-    import datasets
-
-    datasets.disable_progress_bars()
-    from trl_length_plugin.embedded.reasoning import held_out_dataset, training_dataset
-
-    def rows(dataset, split):
-        return datasets.Dataset.from_list(
-            [
-                {
-                    "prompt": row["prompt"],
-                    "data_source": "embedded/reasoning",
-                    "ability": "math",
-                    "reward_model": {"style": "rule", "ground_truth": row["answer"]},
-                    # a target length per prompt, for a target_length term (docs/reference/length-penalties.md §2.20)
-                    "extra_info": {
-                        "index": i,
-                        "split": split,
-                        "level": row["level"],
-                        "target_length": 8 + 8 * row["level"],
-                    },
-                }
-                for i, row in enumerate(dataset)
-            ]
-        )
-
-    folder.mkdir(parents=True, exist_ok=True)
-    train, val = folder / "train.parquet", folder / "val.parquet"
-    rows(training_dataset(seed=0, size=TRAIN_ROWS), "train").to_parquet(str(train))
-    rows(held_out_dataset().select(range(VAL_ROWS)), "test").to_parquet(str(val))
-    return train, val
-
-
-def model_path(model: str) -> Path:
-    """``embedded``: the pinned warm model of the embedded reasoning task; ``smollm2``: the real chat model a
-    package ships (docs/embedded.md); else a local folder."""
-    if model == "embedded":
-        from trl_length_plugin.embedded import embedded_model_dir
-
-        return embedded_model_dir(warm_start=True, task="reasoning")
-    if model == "smollm2":
-        from trl_length_plugin.embedded import real_model_dir
-
-        try:
-            return real_model_dir("smollm2-135m-instruct")
-        except ImportError as err:
-            raise SmokeConfigError(f"--model smollm2: {err}") from None
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise SmokeConfigError(f"--model: {model} is not a local model folder (no config.json); use embedded")
-    return path.resolve()
-
-
-def response_length(user: list[str]) -> int:
-    """``MAX_RESPONSE_LENGTH``, or more where the user's length limits need it: a length limit must fit in the
-    response (the coefficient's floor below it, the overlong maximum within it)."""
-    needs = [MAX_RESPONSE_LENGTH]
-    for key, margin in (("length_penalty_min_tokens", 16), ("length_penalty.default.overlong_max_length", 0)):
-        value = _user_value(user, key)
-        if value is not None and value.isdigit():
-            needs.append(int(value) + margin)
-    return max(needs)
-
-
-def _absolute(value: str) -> Path:
-    return Path(os.path.expanduser(value)).resolve()
-
-
-def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path, own_data: bool = True) -> Replaced:
-    """What a CPU run of ``user``'s configuration adds after it (later overrides win). ``own_data``: keep the user's
-    data files where they exist locally (not with the embedded model, whose tokenizer knows only its task); a
-    local reward function file is always kept. Kept paths are made absolute (verl runs in ``run_dir``)."""
-    out = Replaced()
-    out.set("actor_rollout_ref.model.path", model, "the model")
-    user_reward = _user_value(user, "reward.custom_reward_function.path")
-    own_reward = bool(user_reward) and _absolute(user_reward).is_file()
-    if own_reward:
-        out.set("reward.custom_reward_function.path", _absolute(user_reward))
-    if own_data and _data_files_exist(user):
-        for key in ("data.train_files", "data.val_files"):
-            out.set(key, _absolute(_user_value(user, key)))
-    else:
-        train, val = write_embedded_data(run_dir / "data")
-        out.set("data.train_files", train, "data: the embedded reasoning task")
-        out.set("data.val_files", val)
-        if not own_reward:
-            reward = Path(__file__).with_name("embedded_reward.py")
-            out.set("reward.custom_reward_function.path", reward, "the embedded task's reward")
-            out.set("reward.custom_reward_function.name", "compute_score")
-    out.set("data.train_batch_size", PROMPTS_PER_STEP, "batch sizes")
-    out.set("data.max_prompt_length", MAX_PROMPT_LENGTH, "lengths")
-    out.set("data.max_response_length", response_length(user))
-    out.set("data.dataloader_num_workers", 0)
-    out.set("actor_rollout_ref.actor.ppo_mini_batch_size", PROMPTS_PER_STEP)
-    for key in (
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    ):
-        out.set(key, 16)
-    # the CPU settings (docs/verl.md, "Try your config on a laptop")
-    out.set("trainer.device", "cpu", "resources: one CPU trainer process, CPU settings")
-    out.set("trainer.n_gpus_per_node", 1)
-    out.set("trainer.nnodes", 1)
-    out.set("ray_kwargs.ray_init.num_cpus", 8)
-    out.set("ray_kwargs.ray_init.num_gpus", 1)
-    out.set("ray_kwargs.ray_init.include_dashboard", False)
-    out.set("actor_rollout_ref.actor.strategy", "fsdp2")
-    out.set("actor_rollout_ref.ref.strategy", "fsdp2")
-    out.set("actor_rollout_ref.model.use_remove_padding", False)
-    out.set("actor_rollout_ref.model.enable_gradient_checkpointing", False)
-    out.set("actor_rollout_ref.model.use_fused_kernels", False)
-    out.set("actor_rollout_ref.model.override_config.attn_implementation", "sdpa")
-    out.set("actor_rollout_ref.rollout.name", "vllm")
-    out.set("actor_rollout_ref.rollout.dtype", "float32")
-    out.set("actor_rollout_ref.rollout.enforce_eager", True)
-    out.set("actor_rollout_ref.rollout.free_cache_engine", False)
-    out.set("actor_rollout_ref.rollout.enable_sleep_mode", False)
-    out.set("actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
-    out.set("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", 16)
-    out.set("actor_rollout_ref.rollout.agent.num_workers", 1)
-    out.set("reward.num_workers", 1)
-    out.set("transfer_queue.backend.SimpleStorage.num_data_storage_units", 1)
-    # N steps, nothing saved or validated, metrics to a file this command reads
-    out.set("trainer.total_training_steps", steps, f"{steps} steps, no validation or checkpoint")
-    out.set("trainer.total_epochs", 1000)
-    out.set("trainer.test_freq", -1)
-    out.set("trainer.val_before_train", False)
-    out.set("trainer.save_freq", -1)
-    out.set("trainer.logger", "[console,file]")
-    out.set("trainer.default_local_dir", run_dir / "checkpoints")
-    return out
 
 
 def run_env(run_dir: Path) -> dict[str, str]:
@@ -326,108 +136,6 @@ def remove_run_segments(before: set[str]) -> list[str]:
 
 # -- reading the run -------------------------------------------------------------------------------------------
 
-#: Ray's prefix of a worker's line: ``(TaskRunner pid=123)``, ``(WorkerDict pid=4, ip=...)``
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-#: Ray's prefix of a worker's line: ``(TaskRunner pid=123)``, ``(WorkerDict pid=4, ip=...)``, ``(pid=5)``
-_WORKER = re.compile(r"^\((?:(?P<worker>[\w.:-]+) )?pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s?")
-#: Ray's wrapper of a remote error, naming the actor method it came from
-_RAY_TASK = re.compile(r"^ray\.exceptions\.\w+(?:\(\w+\))?: ray::(?P<worker>[\w.]+)\(\) \(pid=(?P<pid>\d+)")
-#: the line that ends a traceback: ``Name: message`` or a bare ``Name``, not indented
-_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?::\s|$)")
-#: an exception line outside a traceback
-_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)\b:\s")
-
-
-def first_error(lines: list[str]) -> str | None:
-    """The first real error of a run's output, with the process it came from: the exception line that ends the
-    first traceback (of each process's output on its own; Ray's ``RayTaskError`` wrappers skipped, the innermost
-    actor method they name kept), else the first exception line; ``RewardLoopWorker pid=4410: RuntimeError: ...``."""
-    in_traceback: set[str] = set()  # the processes whose output is inside a traceback
-    candidate, task = None, None
-    for raw in lines:
-        raw = _ANSI.sub("", raw)
-        match = _WORKER.match(raw)
-        line = raw[match.end() :] if match else raw
-        source = f"{match['worker'] or 'worker'} pid={match['pid']}" if match else "driver"
-        worker = source if match else (task or "driver")
-        if line.startswith("Traceback (most recent call last)"):
-            in_traceback.add(source)
-            continue
-        wrapper = _RAY_TASK.match(line)
-        if wrapper:
-            task = f"{wrapper['worker']} pid={wrapper['pid']}"
-            continue
-        if source in in_traceback and _RAISED.match(line):
-            return f"{worker}: {line.strip()}"
-        if candidate is None and _ERROR.match(line.strip()):
-            candidate = f"{worker}: {line.strip()}"
-    return candidate
-
-
-def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """step -> metrics, from verl's file logger."""
-    steps: dict[int, dict[str, float]] = {}
-    if not path.exists():
-        return steps
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            row = json.loads(line)
-            steps[int(row["step"])] = row["data"]
-    return steps
-
-
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
-
-
-def summary_lines(lines: list[str]) -> list[str]:
-    """The plugin's ``Length penalty:`` summary lines of a run's output (docs/reference/length-coefficient.md §3.4)."""
-    found = []
-    for raw in lines:
-        text = _ANSI.sub("", raw)
-        at = text.find("Length penalty:")
-        if at >= 0:
-            found.append(text[at:])
-    return found
-
-
-def screen(metrics: dict[int, dict[str, float]]) -> list[str]:
-    """The per-step table, then each step's plugin metrics."""
-    shown = [(name, keys) for name, keys in COLUMNS if any(k in m for m in metrics.values() for k in keys)]
-    lines = ["step " + " ".join(f"{name:>10}" for name, _ in shown)]
-    for step, row in sorted(metrics.items()):
-        cells = [next((row[k] for k in keys if k in row), None) for _, keys in shown]
-        lines.append(f"{step:>4} " + " ".join(f"{_cell(c):>10}" for c in cells))
-    for step, row in sorted(metrics.items()):
-        plugin = {k: v for k, v in row.items() if k.startswith(PLUGIN_PREFIXES)}
-        if plugin:
-            lines.append(
-                f"step {step} plugin: " + ", ".join(f"{k}={_cell(v)}" for k, v in sorted(plugin.items()))
-            )
-    return lines
-
-
-def verdict(metrics: dict[int, dict[str, float]], steps: int, plugin_expected: bool) -> str | None:
-    """None when the run trained ``steps`` steps with a finite loss and grad norm (and, when the config uses the
-    plugin, its metrics at every step); else what is missing."""
-    if sorted(metrics) != list(range(1, steps + 1)):
-        return f"trained steps {sorted(metrics)}, expected 1-{steps}"
-    for step, row in metrics.items():
-        for key in ("actor/pg_loss", "actor/grad_norm"):
-            value = row.get(key)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                return f"step {step}: {key} is {value!r}"
-        if plugin_expected and not any(k.startswith(PLUGIN_PREFIXES) for k in row):
-            return f"step {step}: none of the plugin's metrics ({', '.join(PLUGIN_PREFIXES)}) was logged"
-    return None
-
-
-# -- the command -----------------------------------------------------------------------------------------------
-
 
 @dataclass
 class Outcome:
@@ -487,7 +195,7 @@ def _watch(process, log_path: Path, metrics_path: Path, start: float, timeout_s:
             row = done[max(done)]
             say(
                 f"[{PROG}] step {max(done)}/{steps} done after {now - start:.0f} s: reward "
-                f"{_cell(row.get('critic/score/mean'))}, response length {_cell(row.get('response_length/mean'))}"
+                f"{cell(row.get('critic/score/mean'))}, response length {cell(row.get('response_length/mean'))}"
             )
         if returncode is not None:
             return (first_error(lines) if returncode else None), returncode
@@ -528,7 +236,7 @@ def plugin_used(overrides: list[str]) -> bool:
     from verl_adapter.keys import is_plugin_key
 
     added = {o.lstrip("+").split("=", 1)[0].split(".", 1)[0] for o in overrides if o.startswith("+")}
-    loss_mode = _user_value(overrides, "actor_rollout_ref.actor.policy_loss.loss_mode")
+    loss_mode = user_value(overrides, "actor_rollout_ref.actor.policy_loss.loss_mode")
     return any(is_plugin_key(key) for key in added) or loss_mode == "luspo"
 
 

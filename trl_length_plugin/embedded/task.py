@@ -15,6 +15,7 @@ REASONING_OPEN, REASONING_CLOSE = "<think>", "</think>"
 FILLER = "hmm,"
 MAX_FILLER = 12
 _ANSWER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def make_problem(rng: random.Random) -> tuple[str, str]:
@@ -73,6 +74,22 @@ def score_completion(completion: str | Sequence[dict], answer: str) -> float:
         return 0.0
     final = text.rsplit(REASONING_CLOSE, 1)[1].strip()
     return 1.0 if _ANSWER.fullmatch(final) and final == str(answer).strip() else 0.0
+
+
+def final_number(text: str) -> str | None:
+    """The last number after the reasoning (``</think>``), commas and a trailing full stop removed."""
+    numbers = _NUMBER.findall(text.rsplit(REASONING_CLOSE, 1)[-1])
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+def last_number_score(completion: str | Sequence[dict], answer: str) -> float:
+    """1.0 when the completion's last number after the reasoning equals ``answer``, else 0.0: GSM8K's check,
+    and the real chat model's task's (docs/efficacy.md, "On a real chat model")."""
+    final = final_number(completion_text(completion))
+    try:
+        return float(final is not None and float(final) == float(answer))
+    except ValueError:
+        return 0.0
 
 
 def correctness_reward(completions: list, answer: list[str], **kwargs) -> list[float]:

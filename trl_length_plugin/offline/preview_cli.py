@@ -17,10 +17,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trl_length_plugin.config_base import read_yaml
 from trl_length_plugin.offline.command import CommandError, Parser, run
 from trl_length_plugin.offline.outputs import OUTPUTS_HELP, Outputs, replacing
 from trl_length_plugin.shaping.columns import AGENT_COLUMN
-from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config, read_yaml
+from trl_length_plugin.shaping.config import SHAPING_KEYS, LengthShapingConfig, load_shaping_config
 from trl_length_plugin.shaping.schedule import schedule_end
 
 PROG = "trl-length preview"

@@ -19,9 +19,9 @@ from typing import Annotated, Any, NoReturn
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from trl_length_plugin.config_base import STRICT, config_error, did_you_mean, not_bool
 from trl_length_plugin.score_centering.modes import AUTO, get_mode, mode_names
-from trl_length_plugin.shaping.config import _STRICT, Count, _not_bool, config_error, did_you_mean
-from trl_length_plugin.shaping.fields import MAX_WEIGHT, Bounded
+from trl_length_plugin.shaping.fields import MAX_WEIGHT, Bounded, Count
 
 
 def _registered(value: Any) -> str:
@@ -44,7 +44,7 @@ class ScoreCenteringConfig(BaseModel):
     """``score_centering`` and its keys (reference §5.5, §5.7, §5.8); field names are the keys a user writes,
     descriptions their help."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     score_centering: bool = Field(
         False,
@@ -63,16 +63,16 @@ class ScoreCenteringConfig(BaseModel):
         False, description="The sampled-token ratio uses the detached current policy (reference §5.5)."
     )
     score_centering_adaptive_outer_bound: Annotated[
-        float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)
+        float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(not_bool)
     ] = Field(10.0, description="adaptive-ppo-clip's outer bound o, above 1 + epsilon_high (§5.7).")
     score_centering_adaptive_k_init: Bounded = Field(
         0.0, description="adaptive-ppo-clip's initial offset k (§5.7)."
     )
-    score_centering_adaptive_target: Annotated[float, Field(gt=0, lt=1), BeforeValidator(_not_bool)] = Field(
+    score_centering_adaptive_target: Annotated[float, Field(gt=0, lt=1), BeforeValidator(not_bool)] = Field(
         0.02, description="adaptive-ppo-clip's target clip fraction, in (0, 1) (§5.7)."
     )
     score_centering_adaptive_k_delta: Annotated[
-        float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)
+        float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(not_bool)
     ] = Field(0.05, description="adaptive-ppo-clip's step of k per optimizer step (§5.7).")
     score_centering_adaptive_k_min: Bounded = Field(0.0, description="Lower bound of k (§5.7).")
     score_centering_adaptive_k_max: Bounded = Field(1.0, description="Upper bound of k (§5.7).")

@@ -4,8 +4,9 @@ it with the coefficient, its floor and warm-up, the reasoning tags and the zero-
 docs/reference/length-coefficient.md §3.1).
 
 Unknown keys, misspelled values, NaN and infinities, fractions for integer keys, booleans for numbers and
-out-of-range numbers are rejected when the config is loaded; :func:`config_error` turns pydantic's error
-into one line naming the key path (for example ``length_penalty.default.top_percentile``).
+out-of-range numbers are rejected when the config is loaded (the strict base of ``config_base``, whose
+``config_error`` turns pydantic's error into one line naming the key path, for example
+``length_penalty.default.top_percentile``); ``schedule_keys`` holds the ``length_schedule`` entries.
 
 Needs only pydantic (and PyYAML for files): the command line validates a recipe with it before torch or
 TRL are imported.
@@ -13,34 +14,31 @@ TRL are imported.
 
 from __future__ import annotations
 
-import difflib
-import json
 import logging
-import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     PrivateAttr,
-    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
 
-from .fields import BAND_CHANNELS, MAX_LENGTH, Count, NonNegative, Number, _not_bool
+from trl_length_plugin.config_base import STRICT, config_error, not_bool, read_json, read_yaml
+
+from .fields import BAND_CHANNELS, MAX_LENGTH, Count, NonNegative
+from .schedule_keys import KeySchedule, check_schedule, schedule_entries
 from .terms import idle_key_errors, on_change, switched_on, switches_reading, term_fields, terms
 
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
-BandBound = Annotated[float, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]  # a length (§2.12)
-_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+BandBound = Annotated[float, Field(ge=0, le=MAX_LENGTH), BeforeValidator(not_bool)]  # a length (§2.12)
 
 
 class _WarnOnce:
@@ -68,11 +66,11 @@ class LengthPenaltyParams(BaseModel):
     replace ``default`` (``model_fields_set``, docs/reference/length-penalties.md §2.3).
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     enabled: bool = True
     length_type: Literal["tokens", "chars"] = "tokens"
-    top_percentile: Annotated[float, Field(gt=0, le=1), BeforeValidator(_not_bool)] = 0.5
+    top_percentile: Annotated[float, Field(gt=0, le=1), BeforeValidator(not_bool)] = 0.5
 
 
 _SHARED_FIELDS = dict(LengthPenaltyParams.model_fields)
@@ -88,11 +86,11 @@ def term_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
 class ProfileBandChannel(BaseModel):
     """One ``{a, b, f}`` band: multiplier 1 up to ``a``, linear down to ``f`` at ``b``, ``f`` beyond."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     a: BandBound
     b: BandBound
-    f: Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)]
+    f: Annotated[float, Field(ge=0, le=1), BeforeValidator(not_bool)]
 
     @model_validator(mode="after")
     def _b_above_a(self) -> ProfileBandChannel:
@@ -102,7 +100,7 @@ class ProfileBandChannel(BaseModel):
 
 
 class ProfileBandDefaults(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     total: ProfileBandChannel | None = None
     reasoning: ProfileBandChannel | None = None
@@ -112,7 +110,7 @@ class ProfileBandDefaults(BaseModel):
 class ProfileBandConfig(BaseModel):
     """Global bands for rows without per-prompt ``profile_band`` (the document's "Global Defaults")."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     enabled: bool = False
     defaults: ProfileBandDefaults = Field(default_factory=ProfileBandDefaults)
@@ -125,7 +123,7 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
     Warnings that the spec wants once per agent are remembered on the instance, i.e. once per run.
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     verbose: bool = False
     default: LengthPenaltyParams = Field(default_factory=LengthPenaltyParams)
@@ -259,80 +257,6 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
         return LengthPenaltyParams.model_validate(merged)
 
 
-class DuplicateKeyError(ValueError):
-    """A YAML mapping or a JSON object writes a key twice (PyYAML and ``json`` would keep the second
-    silently)."""
-
-
-def _unique_key_loader(yaml: Any) -> type:
-    """A ``SafeLoader`` that refuses a key written twice in one mapping, naming the key and both lines
-    (keys brought in by a ``<<`` merge may be overridden, as YAML intends)."""
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        def construct_mapping(self, node, deep=False):
-            first: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
-                try:
-                    if key in first:
-                        raise DuplicateKeyError(
-                            f"key {key!r} written twice (line {first[key]} and line {line})"
-                        )
-                    first[key] = line
-                except TypeError:  # an unhashable key: PyYAML's own error follows
-                    continue
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader
-
-
-def read_yaml(path: Path) -> Any:
-    """The YAML document of ``path``; a missing or unreadable file, a syntax error or a key written twice in
-    one mapping is a ``ValueError`` naming the file (and the line, or both lines)."""
-    try:
-        import yaml
-    except ImportError as err:
-        raise ImportError(
-            "Loading a length_penalty YAML file needs PyYAML: pip install 'trl-length-plugin[trl]' "
-            "(or pip install pyyaml)"
-        ) from err
-    try:
-        return yaml.load(path.read_text(), Loader=_unique_key_loader(yaml))
-    except OSError as err:
-        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"cannot read {path}: not UTF-8 text") from None
-    except DuplicateKeyError as err:
-        raise ValueError(f"{path}: {err}") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ValueError(f"{path}: not valid YAML{where}: {problem}") from None
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's pairs as a dict; a key written twice is a ``DuplicateKeyError`` naming both values."""
-    mapping: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in mapping:
-            first, second = json.dumps(mapping[key]), json.dumps(value)
-            raise DuplicateKeyError(f"key {key!r} written twice (values {first} and {second})")
-        mapping[key] = value
-    return mapping
-
-
-def read_json(text: str) -> Any:
-    """The JSON document ``text``; bad JSON, or a key written twice in one object (the ``json`` module keeps
-    the second silently), is a ``ValueError`` naming it, as ``read_yaml`` refuses a YAML key written twice."""
-    try:
-        return json.loads(text, object_pairs_hook=_unique_pairs)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not valid JSON ({err})") from None
-
-
 def block_mapping(value: Any) -> Any:
     """The ``length_penalty`` block from a JSON object string or the path of a YAML file (which may hold
     the block itself or a mapping whose only key is ``length_penalty``); anything else is returned as is."""
@@ -368,135 +292,6 @@ def _block_or_none(value: Any) -> Any:
     return None if isinstance(block, Mapping) and not block else block
 
 
-def _schedule_entries(value: Any) -> Any:
-    """``length_schedule`` from a list, a JSON array string or the path of a YAML file (holding the list or
-    a mapping whose only key is ``length_schedule``); None is no schedule."""
-    if value is None:
-        return ()
-    if isinstance(value, str) and value.strip().startswith("["):
-        return read_json(value)
-    if isinstance(value, str | Path):
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise ValueError(f"{str(value)!r} is neither a JSON array nor the path of a YAML file")
-        value = read_yaml(path) or ()
-        if isinstance(value, Mapping) and set(value) == {"length_schedule"}:
-            value = value["length_schedule"] or ()
-    return value
-
-
-class ScheduleStage(BaseModel):
-    """One stage of a ``length_schedule`` entry: ``value``, or a linear ramp ``start`` -> ``end``, until
-    optimizer step ``until_step`` (exclusive; docs/reference/length-coefficient.md §3.7)."""
-
-    model_config = _STRICT
-
-    until_step: Annotated[int, Field(ge=1), BeforeValidator(_not_bool)]
-    value: Number | None = None
-    start: Number | None = None
-    end: Number | None = None
-
-    @model_validator(mode="after")
-    def _value_or_ramp(self) -> ScheduleStage:
-        ramp = (self.start, self.end) != (None, None)
-        if (self.value is None) != ramp or (ramp and None in (self.start, self.end)):
-            raise ValueError("a stage needs either value, or start and end (a ramp)")
-        return self
-
-
-class KeySchedule(BaseModel):
-    """One ``length_schedule`` entry: the dotted path of a numeric key and its stages, in step order (§3.7)."""
-
-    model_config = _STRICT
-
-    key: Annotated[str, Field(min_length=1)]
-    stages: Annotated[tuple[ScheduleStage, ...], Field(min_length=1)]
-
-    @model_validator(mode="after")
-    def _steps_increase(self) -> KeySchedule:
-        steps = [stage.until_step for stage in self.stages]
-        if any(later <= earlier for earlier, later in zip(steps, steps[1:], strict=False)):
-            raise ValueError(f"until_step must increase from stage to stage, got {steps}")
-        return self
-
-
-#: the key the coefficient's warm-up schedules (docs/reference/length-coefficient.md §3.7)
-WARMUP_KEY = "length_penalty_coeff"
-
-
-def scheduled_leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, str]:
-    """The model instance that holds ``key``'s last part, and that part; ``ValueError`` naming the key when
-    the path is unknown, passes through a block the config does not set, or ends on a non-number."""
-    *path, name = key.split(".")
-    node: Any = config
-    for depth, part in enumerate(path):
-        where = ".".join(path[: depth + 1])
-        if isinstance(node, dict):
-            if part not in node or node[part] is None:
-                raise ValueError(
-                    f"{where}: not set in the config (known: {', '.join(sorted(node)) or 'none'})"
-                )
-            node = node[part]
-            continue
-        if part not in type(node).model_fields:
-            raise ValueError(f"{where}: unknown key{did_you_mean(part, type(node).model_fields)}")
-        node = getattr(node, part)
-        if node is None:
-            raise ValueError(f"{where}: not set in the config; a schedule moves a key the config sets")
-        if not isinstance(node, BaseModel | dict):
-            raise ValueError(f"{where}: not a block of keys")
-    if not isinstance(node, BaseModel) or name not in type(node).model_fields:
-        known = type(node).model_fields if isinstance(node, BaseModel) else ()
-        raise ValueError(f"{key}: unknown key{did_you_mean(name, known)}")
-    kind = _unwrapped(type(node).model_fields[name].annotation)
-    if kind not in (int, float):
-        raise ValueError(f"{key}: not a numeric key (a schedule moves numbers)")
-    return node, name
-
-
-def check_schedule(config: LengthShapingConfig) -> None:
-    """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
-    a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
-    accepts, ramps only on float keys, each key once and not both scheduled and warmed up; then the
-    configuration of every stage, by the base configuration's rules (``schedule.check_stage_configs``)."""
-    seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
-    for index, schedule in enumerate(config.length_schedule):
-        prefix = f"length_schedule.{index}.key: {schedule.key}"
-        if schedule.key in seen:
-            also = " and by length_penalty_coeff_warmup_steps" if schedule.key == WARMUP_KEY else " twice"
-            raise ValueError(f"{prefix}: scheduled{also}; set one schedule per key")
-        seen.add(schedule.key)
-        try:
-            owner, name = scheduled_leaf(config, schedule.key)
-        except ValueError as err:
-            raise ValueError(f"length_schedule.{index}.key: {err}") from None
-        if not getattr(owner, name):
-            raise ValueError(
-                f"{prefix}: is 0 (off) in the config; set it to the value the key keeps after the last stage"
-            )
-        field = type(owner).model_fields[name]
-        adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
-        for number, stage in enumerate(schedule.stages):
-            if stage.value is None and _unwrapped(field.annotation) is int:
-                raise ValueError(
-                    f"length_schedule.{index}.stages.{number}: {schedule.key} is an integer key; give a value, "
-                    "not a ramp"
-                )
-            for value in (stage.value, stage.start, stage.end):
-                if value is None:
-                    continue
-                try:
-                    adapter.validate_python(value)
-                except ValidationError as err:
-                    problem = err.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ValueError(
-                        f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
-                    ) from None
-    from .schedule import check_stage_configs  # the schedule module builds on this one
-
-    check_stage_configs(config)
-
-
 class LengthShapingConfig(_WarnOnce, BaseModel):
     """Every length-shaping key of a run: the penalty block (docs/reference/length-penalties.md §2), the
     coefficient with its floor and warm-up (docs/reference/length-coefficient.md §3.1), the reasoning tags
@@ -506,7 +301,7 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
     error names the key; each field's description is the key's help. Dependent keys are checked together.
     """
 
-    model_config = _STRICT
+    model_config = STRICT
 
     length_penalty: Annotated[LengthPenaltyConfig | None, BeforeValidator(_block_or_none)] = Field(
         None,
@@ -525,7 +320,7 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
     length_penalty_coeff_warmup_steps: Count = Field(
         0, description="Raise the coefficient linearly from 0 to `length_penalty_coeff` over this many steps."
     )
-    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(_schedule_entries)] = Field(
+    length_schedule: Annotated[tuple[KeySchedule, ...], BeforeValidator(schedule_entries)] = Field(
         (),
         description="Move numeric length-shaping keys through stages by optimizer step "
         "(docs/reference/length-coefficient.md §3.7): a YAML list in a recipe, a JSON array or the path of a "
@@ -642,60 +437,6 @@ on_change(_assemble_parameters)
 
 #: the keys of ``LengthShapingConfig``, as a user writes them
 SHAPING_KEYS = tuple(LengthShapingConfig.model_fields)
-
-
-def did_you_mean(word: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the known word closest to ``word`` (case and ``-`` / ``_`` ignored),
-    else ``""``."""
-
-    def folded(text: str) -> str:
-        return str(text).lower().replace("-", "_")
-
-    by_fold = {folded(k): k for k in known}
-    close = difflib.get_close_matches(folded(word), list(by_fold), n=1)
-    return f" (did you mean {by_fold[close[0]]!r}?)" if close else ""
-
-
-def _unwrapped(annotation: Any) -> Any:
-    """``annotation`` without ``Annotated`` metadata and ``None`` options."""
-    while get_origin(annotation) in (Annotated, Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    return annotation
-
-
-def _model_at(model: Any, loc: Sequence[Any]) -> type[BaseModel] | None:
-    """The pydantic model reached from ``model`` by the key path ``loc`` (None when it is not a model)."""
-    for part in loc:
-        model = _unwrapped(model)
-        if get_origin(model) is dict:  # the part is a mapping key, e.g. an agent's name
-            model = get_args(model)[1]
-            continue
-        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
-            return None
-        model = model.model_fields[part].annotation
-    model = _unwrapped(model)
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def config_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
-    """One line per failed rule, ``key.path: message``, joined by ``; ``: what a user needs to fix the key.
-
-    With the validated ``model``, an unknown key at any depth is named with the closest key of its level,
-    as the command line names a top-level one."""
-    parts = []
-    for item in err.errors():
-        loc = [*([prefix] if prefix else []), *item["loc"]]
-        path = ".".join(str(p) for p in loc)
-        message = item["msg"].removeprefix("Value error, ")
-        level = _model_at(model, item["loc"][:-1]) if model is not None else None
-        if item["type"] == "extra_forbidden" and level is not None:
-            message = "unknown key" + did_you_mean(str(item["loc"][-1]), level.model_fields)
-        head, colon, rest = message.partition(": ")
-        sub_key = "." in head and all(part.isidentifier() for part in head.split("."))
-        if item["type"] == "value_error" and path and colon and sub_key:  # a block's rule naming its key
-            path, message = f"{path}.{head}", rest
-        parts.append(f"{path}: {message}" if path else message)
-    return "; ".join(parts)
 
 
 def length_limit_error(config: LengthShapingConfig, limit: Any, limit_key: str) -> str | None:

@@ -5,20 +5,15 @@ imported."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
+
+from trl_length_plugin.config_base import not_bool
 
 Channel = Literal["total", "reasoning", "answer"]
 CHANNELS: tuple[Channel, ...] = ("reasoning", "answer", "total")  # bonus / longest / zMAD order (§2.7)
 BAND_CHANNELS: tuple[Channel, ...] = ("total", "reasoning", "answer")  # band order (§2.12)
-
-
-def _not_bool(value: Any) -> Any:
-    """Numbers must be numbers: ``true`` is not 1 (pydantic's lax mode would take it)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    return value
 
 
 #: the largest length (and count) a key takes: larger lengths are absurd, and their sums of squares lose
@@ -28,10 +23,10 @@ MAX_LENGTH = 2.0**53
 #: and their sums over the terms, stay finite in float32 (docs/reference/length-penalties.md §2.1)
 MAX_WEIGHT = 1e6
 
-Number = Annotated[float, BeforeValidator(_not_bool)]  # finite; a schedule's stage value, checked by its key
-Bounded = Annotated[float, Field(ge=-MAX_WEIGHT, le=MAX_WEIGHT), BeforeValidator(_not_bool)]
-NonNegative = Annotated[float, Field(ge=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)]
-Fraction = Annotated[float, Field(ge=0, le=1), BeforeValidator(_not_bool)]
-Count = Annotated[int, Field(ge=0, le=MAX_LENGTH), BeforeValidator(_not_bool)]
-Positive = Annotated[float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(_not_bool)]
-PositiveCount = Annotated[int, Field(ge=1, le=MAX_LENGTH), BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(not_bool)]  # finite; a schedule's stage value, checked by its key
+Bounded = Annotated[float, Field(ge=-MAX_WEIGHT, le=MAX_WEIGHT), BeforeValidator(not_bool)]
+NonNegative = Annotated[float, Field(ge=0, le=MAX_WEIGHT), BeforeValidator(not_bool)]
+Fraction = Annotated[float, Field(ge=0, le=1), BeforeValidator(not_bool)]
+Count = Annotated[int, Field(ge=0, le=MAX_LENGTH), BeforeValidator(not_bool)]
+Positive = Annotated[float, Field(gt=0, le=MAX_WEIGHT), BeforeValidator(not_bool)]
+PositiveCount = Annotated[int, Field(ge=1, le=MAX_LENGTH), BeforeValidator(not_bool)]

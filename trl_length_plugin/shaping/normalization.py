@@ -19,8 +19,9 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from trl_length_plugin.config_base import did_you_mean
+
 from .batch import as_float_tensor
-from .config import did_you_mean
 from .groups import Bucket, GroupLayout, row_all, row_any, row_count, row_min_max, row_sum, weights
 from .threads import single_threaded
 

@@ -100,7 +100,6 @@ def shape_rollouts(
     normalization: GroupNormalization | None,
     *,
     step: int = 0,
-    coeff: float | None = None,
     shaping_weight: float = 1.0,
 ) -> ShapingResult:
     """Shape one training batch (reference §2.6 then §3.1-3.3).
@@ -109,8 +108,8 @@ def shape_rollouts(
     default), or None when the host computes the advantages itself (verl's ``length_grpo`` estimator calls
     the same ``group_advantages``, the stock TRL trainer behind ``LengthPenaltyReward`` its own); ``step``: the
     optimizer step, for ``length_schedule`` and the coefficient's warm-up (§3.7: the values of that step,
-    logged as ``length_schedule/<key>``; what is on is judged on ``config``); ``coeff`` overrides the
-    coefficient (a user schedule); ``shaping_weight``: the host's weight of the shaping in its total reward.
+    logged as ``length_schedule/<key>``; what is on is judged on ``config``); ``shaping_weight``: the host's
+    weight of the shaping in its total reward.
     """
     shaping_weight = finite_number(shaping_weight, "shaping_weight")
     stepped = config_at(config, step)
@@ -130,8 +129,9 @@ def shape_rollouts(
             result.rewards = result.penalties.rewards.double()
             result.row_metrics.update(result.penalties.row_metrics)
         if config.coefficient_on:
-            value = stepped.length_penalty_coeff if coeff is None else coeff
-            result.coefficient = _coefficient(batch, stepped, result.host_rows, result.rewards, value)
+            result.coefficient = _coefficient(
+                batch, stepped, result.host_rows, result.rewards, stepped.length_penalty_coeff
+            )
             result.rewards = result.coefficient.rewards.double()
             result.row_metrics.update(result.coefficient.row_metrics())
             result.row_metrics["length_penalty/coeff_skipped_frac"] = weights(result.host_rows)

@@ -10,7 +10,7 @@ schedule ``[{until_step: W, start: 0, end: length_penalty_coeff}]``.
 :func:`config_at` gives the config of one step (every scheduled key at its value, no schedule left);
 hosts pass the optimizer step to ``shape_rollouts``, which calls it, so TRL and verl move the same keys
 the same way; :func:`coeff_at` is the coefficient of one step. The config validates the entries when it is
-loaded (``config.check_schedule``), and with it the configuration of every stage
+loaded (``schedule_keys.check_schedule``), and with it the configuration of every stage
 (:func:`check_stage_configs`).
 """
 
@@ -22,16 +22,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .config import (
-    WARMUP_KEY,
-    KeySchedule,
-    LengthPenaltyConfig,
-    LengthShapingConfig,
-    ScheduleStage,
-    _unwrapped,
-    config_error,
-    scheduled_leaf,
-)
+from trl_length_plugin.config_base import config_error, unwrapped
+
+from .config import LengthPenaltyConfig, LengthShapingConfig
+from .schedule_keys import WARMUP_KEY, KeySchedule, ScheduleStage, scheduled_leaf
 from .terms import terms
 
 #: the checkpoint file that records the schedule and its values at the saved step
@@ -147,7 +141,7 @@ def _with_value(node: Any, parts: list[str], value: float) -> Any:
     if isinstance(node, dict):
         return {**node, head: _with_value(node[head], rest, value)}
     if not rest:
-        kind = _unwrapped(type(node).model_fields[head].annotation)
+        kind = unwrapped(type(node).model_fields[head].annotation)
         return _copy(node, {head: int(value) if kind is int else float(value)})
     return _copy(node, {head: _with_value(getattr(node, head), rest, value)})
 

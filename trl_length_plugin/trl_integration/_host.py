@@ -14,6 +14,7 @@ instead of training on silently wrong rewards.
 from __future__ import annotations
 
 import inspect
+import os
 from collections import deque
 from collections.abc import Mapping
 
@@ -234,6 +235,16 @@ def check_training_loop(trainer) -> None:
     missing = [name for name in TRAINING_LOOP_ATTRIBUTES if not hasattr(trainer, name)]
     if missing:
         raise TRLHostError(f"the training loop no longer sets {missing}, which score centering's loss reads")
+
+
+def checkpoint_folder(trainer, trial) -> str:
+    """The folder ``Trainer._save_checkpoint`` writes this step's checkpoint to (transformers' layout:
+    ``<output dir>/checkpoint-<global step>``), where the plugin saves its own state beside it."""
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    return os.path.join(
+        trainer._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
+    )
 
 
 def replace_logged(logs: deque, values: list) -> None:

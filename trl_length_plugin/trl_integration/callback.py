@@ -3,13 +3,15 @@
 Callbacks see neither rewards nor the trainer (transformers' TrainerCallback API), so a schedule reaches its consumers
 through *targets*: objects with ``set_length_schedule(name, value)`` and ``attach_model(model)``.
 ``LengthPluginGRPOTrainer`` binds itself to every ``LengthPluginCallback`` it is given (and builds one for
-``length_curves_png``; the warm-up is the core's ``schedule.coeff_at``); a ``LengthPenaltyReward`` wrapper
-on the stock trainer is passed in ``targets``. Values are set in ``on_step_begin``, before the step's
-rollouts are generated, so every rollout of a step sees one value.
+``length_curves_png``); a ``LengthPenaltyReward`` wrapper on the stock trainer is passed in ``targets``.
+Values are set in ``on_step_begin``, before the step's rollouts are generated, so every rollout of a step
+sees one value.
 
-Schedulable names: ``length_penalty_coeff`` (the coefficient c of docs/reference/length-coefficient.md §3.1; subclass only) and
-``length_penalty_weight`` (TRL's reward weight of the ``length_penalty`` column, docs/reference/length-penalties.md §2.4:
-0 switches the shaping's effect off, 1 is the configured shaping).
+The one schedulable name is ``length_penalty_weight``: TRL's reward weight of the ``length_penalty`` column
+(docs/reference/length-penalties.md §2.4: 0 switches the shaping's effect off, 1 is the configured shaping),
+a number of the host, not of the shaping config. The config's own numbers (the coefficient and its warm-up
+included) move by ``length_schedule`` (docs/reference/length-coefficient.md §3.7), which is checked when the
+config loads and saved in checkpoints; a callback schedule of one of them is refused when it is built.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ from transformers import TrainerCallback
 logger = logging.getLogger("trl_length_plugin")
 
 Schedule = Callable[[int], float]
+#: what a callback schedule moves
+WEIGHT = "length_penalty_weight"
+
+
+def check_schedule_name(name: str) -> None:
+    """Refuse a callback schedule of anything but the shaping column's weight, naming ``length_schedule``."""
+    if name != WEIGHT:
+        raise ValueError(
+            f"LengthPluginCallback schedules only {WEIGHT}, not {name!r}: move {name} with length_schedule "
+            "(docs/reference/length-coefficient.md §3.7), which is checked at load time and saved in checkpoints"
+        )
 
 
 class ScheduleTarget(Protocol):
@@ -60,6 +73,8 @@ class LengthPluginCallback(TrainerCallback):
         title: str | None = None,
     ):
         self.schedules = dict(schedules or {})
+        for name in self.schedules:
+            check_schedule_name(name)
         self.targets: list[ScheduleTarget] = []
         for target in targets:
             self.bind(target)

@@ -36,6 +36,7 @@ from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
 from trl_length_plugin.shaping.settings import shaping_settings_lines
 from trl_length_plugin.trl_integration import _host
+from trl_length_plugin.trl_integration.callback import check_schedule_name
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
@@ -118,7 +119,6 @@ class LengthShapingMixin:
         example is checked here, or for a streaming dataset (no length, no indexing) when it arrives in the
         first training batch (reference §2.14)."""
         self._shaping = args.shaping
-        self._coeff_override: float | None = None
         self._metadata = RowMetadata()
         self._unchecked_example = False
         if not self._shaping.enabled:
@@ -179,21 +179,12 @@ class LengthShapingMixin:
 
     # -- schedules (callback.py) ------------------------------------------------------------------------
     def set_length_schedule(self, name: str, value: float) -> None:
-        """Receive a scheduled value from ``LengthPluginCallback``."""
-        if name == "length_penalty_coeff":
-            if not self._shaping.coefficient_on:
-                raise ValueError(
-                    "a length_penalty_coeff schedule needs length_penalty_coeff > 0 in the config"
-                )
-            self._coeff_override = value
-        elif name == "length_penalty_weight":
-            if not self._shaping.enabled:
-                raise ValueError("a length_penalty_weight schedule needs length shaping switched on")
-            self.reward_weights[self._penalty_column] = value
-        else:
-            raise ValueError(
-                f"unknown length schedule {name!r}; use length_penalty_coeff or length_penalty_weight"
-            )
+        """Receive a scheduled value from ``LengthPluginCallback`` (``length_penalty_weight``, the reward
+        weight of the shaping column; the shaping config's own numbers move by ``length_schedule``)."""
+        check_schedule_name(name)
+        if not self._shaping.enabled:
+            raise ValueError("a length_penalty_weight schedule needs length shaping switched on")
+        self.reward_weights[self._penalty_column] = value
 
     def attach_model(self, model) -> None:
         """The trainer knows its model already (part of the callback's target protocol)."""
@@ -251,7 +242,6 @@ class LengthShapingMixin:
             shaping,
             trl_normalization(self.scale_rewards),
             step=self.state.global_step,
-            coeff=self._coeff_override,
             shaping_weight=float(self.reward_weights[self._penalty_column]),
         )
         if result.penalties is not None:
@@ -344,12 +334,7 @@ class LengthShapingMixin:
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self._shaping.enabled and self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            save_schedule_state(self._shaping, self.state.global_step, folder)
+            save_schedule_state(self._shaping, self.state.global_step, _host.checkpoint_folder(self, trial))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

@@ -47,6 +47,7 @@ from trl_length_plugin.shaping.columns import AGENT_COLUMN
 from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
 from trl_length_plugin.shaping.records import log_group_records
 from trl_length_plugin.shaping.settings import shaping_settings_lines
+from trl_length_plugin.trl_integration.callback import check_schedule_name
 from trl_length_plugin.trl_integration.model_card import LengthCardCallback, wrapper_card
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
@@ -123,8 +124,7 @@ class LengthPenaltyReward:
 
     # -- LengthPluginCallback target protocol -------------------------------------------------------------
     def set_length_schedule(self, name: str, value: float) -> None:
-        if name != "length_penalty_weight":
-            raise ValueError(f"the reward wrapper schedules only length_penalty_weight, not {name!r}")
+        check_schedule_name(name)
         self.weight = value
 
     def attach_model(self, model) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -304,12 +303,7 @@ class ScoreCenteringMixin:
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self._controller is not None and self.args.should_save:
-            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            self._controller.save(folder)
+            self._controller.save(_host.checkpoint_folder(self, trial))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
