@@ -10,6 +10,7 @@ import torch
 
 from trl_length_plugin.losses.luspo import luspo_loss
 from trl_length_plugin.score_centering.estimator import compute_score_centering_term
+from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 from trl_length_plugin.shaping import RolloutBatch, group_advantages, shape_rollouts
 from trl_length_plugin.shaping.config import load_shaping_config
 from trl_length_plugin.shaping.normalization import GroupNormalization
@@ -53,13 +54,17 @@ def sample(model, tokenizer, prompts: list[str], group: int, max_new_tokens: int
 
 
 def policy_logprobs(model, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tensor]:
-    """The policy's logprobs of the sampled tokens and at the sampler's head ids (normalized over the whole
-    vocabulary, without a (B, T, K)-sized copy of the log-softmax)."""
+    """The policy's logprobs of the sampled tokens and at the sampler's head ids, from the final hidden states
+    and the output weights in tiles: no (B, T, V) logits tensor is built."""
     steps = rollouts.mask.shape[1]
-    logits = model(rollouts.inputs).logits[:, -steps - 1 : -1].float()
-    norm = logits.logsumexp(-1, keepdim=True)
-    sampled = logits.gather(-1, rollouts.inputs[:, -steps:].unsqueeze(-1)).squeeze(-1) - norm.squeeze(-1)
-    return sampled, logits.gather(-1, rollouts.head_ids) - norm
+    hidden = model.model(rollouts.inputs).last_hidden_state[:, -steps - 1 : -1]
+    head = policy_logprobs_at_sampler_topk(
+        hidden,
+        model.lm_head.weight,
+        sampled_ids=rollouts.inputs[:, -steps:],
+        sampler_topk_ids=rollouts.head_ids,
+    )
+    return head.sampled, head.topk
 
 
 class PlainHost:

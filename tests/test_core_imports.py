@@ -19,6 +19,7 @@ HOSTS = [
 ]
 CORE_MODULES = [
     "trl_length_plugin",
+    "trl_length_plugin.config_base",
     "trl_length_plugin.shaping",
     "trl_length_plugin.losses",
     "trl_length_plugin.losses.luspo",
@@ -28,6 +29,7 @@ CORE_MODULES = [
     "trl_length_plugin.score_centering.estimator",
     "trl_length_plugin.score_centering.topk_logprobs",
     "trl_length_plugin.score_centering.capture",
+    "trl_length_plugin.score_centering.sampling_request",
 ]
 #: a meta-path finder that makes every optional host look uninstalled
 BLOCKER = f"""\

@@ -30,7 +30,6 @@ from tests.trl_length_helpers import MODES, K, sc_config, tiny_config  # noqa: E
 from tests.verl_score_centering_helpers import MODES as VERL_MODES  # noqa: E402
 from tests.verl_score_centering_helpers import composed  # noqa: E402
 from trl_length_plugin.embedded import correctness_reward  # noqa: E402
-from trl_length_plugin.score_centering.capture import validate_score_centering_request  # noqa: E402
 from trl_length_plugin.score_centering.config import (  # noqa: E402
     ScoreCenteringConfig,
     adaptive_ppo_clip_bounds,
@@ -41,6 +40,7 @@ from trl_length_plugin.score_centering.config import (  # noqa: E402
 )
 from trl_length_plugin.score_centering.controller import AdaptiveClipController  # noqa: E402
 from trl_length_plugin.score_centering.estimator import compute_score_centering_term  # noqa: E402
+from trl_length_plugin.score_centering.sampling_request import validate_score_centering_request  # noqa: E402
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer  # noqa: E402
 from trl_length_plugin.trl_integration.score_centering_plan import _sampling  # noqa: E402
 from trl_length_plugin.trl_integration.vllm_topk import colocate_engine_kwargs  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.plain_torch_host import PlainHost, sample
+from tests.plain_torch_host import PlainHost, policy_logprobs, sample
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.shaping.config import LengthConfigError
 
@@ -64,6 +64,22 @@ def test_three_steps_of_the_plain_loop_train_with_every_feature(tiny_model_dir):
         assert torch.equal(result.raw, torch.tensor(rewards, dtype=torch.float64))
         assert {"length_penalty/coeff", "length_penalty/adjusted_frac"} <= set(result.metrics)
         assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
+        if (
+            step == 0
+        ):  # the tiled head matches a full log-softmax, and before any update the sampler's logprobs
+            with torch.no_grad():
+                sampled, at_head = policy_logprobs(model, rollouts)
+                steps = rollouts.mask.shape[1]
+                full = model(rollouts.inputs).logits[:, -steps - 1 : -1].double().log_softmax(-1)
+            mask = rollouts.mask
+            taken = full.gather(-1, rollouts.inputs[:, -steps:, None]).squeeze(-1)
+            torch.testing.assert_close(sampled.double()[mask], taken[mask], rtol=0, atol=1e-4)
+            torch.testing.assert_close(
+                at_head.double()[mask], full.gather(-1, rollouts.head_ids)[mask], rtol=0, atol=1e-4
+            )
+            torch.testing.assert_close(
+                rollouts.sampler_logprobs.double()[mask], taken[mask], rtol=0, atol=1e-3
+            )
         model.train()
         loss, metrics = host.loss(model, rollouts, advantages)
         optimizer.zero_grad()

@@ -20,10 +20,12 @@ import torch
 from trl_length_plugin.score_centering.capture import (
     CAPTURE_CHECKS,
     ScoreCenteringCaptureError,
-    build_score_centering_request_overrides,
     extract_flat_score_centering_samples,
     extract_sampled_token_logprobs,
     extract_score_centering_samples,
+)
+from trl_length_plugin.score_centering.sampling_request import (
+    build_score_centering_request_overrides,
     validate_score_centering_request,
 )
 

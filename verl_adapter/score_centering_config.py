@@ -28,7 +28,6 @@ from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
 from trl_length_plugin.score_centering import config as core
-from trl_length_plugin.score_centering.capture import check_sampling_settings
 from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
     SCORE_CENTERING_KEYS,
@@ -44,6 +43,7 @@ from trl_length_plugin.score_centering.config import (
     resolve_mode,
 )
 from trl_length_plugin.score_centering.modes import get_mode
+from trl_length_plugin.score_centering.sampling_request import check_sampling_settings
 
 from .length_config import _plain
 

@@ -26,8 +26,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.workers.rollout.llm_server import LLMServerClient
 
-from trl_length_plugin.score_centering.capture import (
-    ScoreCenteringCaptureError,
+from trl_length_plugin.score_centering.capture import ScoreCenteringCaptureError
+from trl_length_plugin.score_centering.sampling_request import (
     build_score_centering_request_overrides,
     validate_score_centering_request,
 )

@@ -13,7 +13,6 @@ import difflib
 import math
 from dataclasses import dataclass
 
-from trl_length_plugin.score_centering.capture import check_sampling_settings
 from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
     HostWeights,
@@ -26,6 +25,7 @@ from trl_length_plugin.score_centering.config import (
     resolve_mode,
 )
 from trl_length_plugin.score_centering.modes import get_mode
+from trl_length_plugin.score_centering.sampling_request import check_sampling_settings
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
