@@ -30,17 +30,9 @@ import time
 
 import torch
 
-from bench._harness import header, report
+from bench._harness import header, peak_since, report, reset_peak
 
 VOCAB, HIDDEN, TOKENS = 151936, 896, 4096
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _step(case: str, k: int, hidden, weight, ids):
@@ -69,16 +61,14 @@ def child(case: str, k: int, repeat: int, tokens: int, vocab: int) -> None:
         torch.zeros_like(hidden),
         torch.zeros_like(weight),
     )  # gradient buffers exist in training
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
-    before = _status("VmRSS:")
+    before = reset_peak()
     wall, cpu = [], []
     for _ in range(repeat):
         start, start_cpu = time.perf_counter(), time.process_time()
         _step(case, k, hidden, weight, ids)
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-    peak = _status("VmHWM:") - before
+    peak = peak_since(before)
     print(
         json.dumps(
             {"peak_bytes": peak, "seconds": statistics.median(wall), "cpu_seconds": statistics.median(cpu)}

@@ -86,8 +86,8 @@ class StepClock:
 
 
 def timed_plugin(own: dict[int, float]) -> type:
-    """The plugin trainer adding the CPU time of its own work (shaping, the §3.3 update and writing it into
-    TRL's batch) to ``own[global_step]``."""
+    """The plugin trainer adding the CPU time of its own work (shaping the gathered batch, and writing the
+    result into TRL's batch) to ``own[global_step]``."""
     from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
 
     def timed(method):
@@ -101,8 +101,7 @@ def timed_plugin(own: dict[int, float]) -> type:
 
     class TimedPlugin(LengthPluginGRPOTrainer):
         _shape = timed(LengthPluginGRPOTrainer._shape)
-        _advantage_update = timed(LengthPluginGRPOTrainer._advantage_update)
-        _apply_advantage_update = timed(LengthPluginGRPOTrainer._apply_advantage_update)
+        _apply = timed(LengthPluginGRPOTrainer._apply)
 
     return TimedPlugin
 

@@ -55,8 +55,27 @@ def test_each_family_alternates_base_and_features_abba():
     assert not bench.uses_vllm("LUSPO") and bench.uses_vllm("score centering off")
 
 
-def test_the_ratio_interval_holds_the_ratio_of_medians_and_narrows_with_agreeing_steps():
-    low, high = bench.ratio_interval([1.02] * 5, [1.0] * 5)
-    assert low == high == pytest.approx(1.02)
-    low, high = bench.ratio_interval([0.9, 1.0, 1.1, 1.2, 1.05], [1.0, 0.95, 1.05, 1.1, 1.0])
-    assert low < 1.05 / 1.0 < high
+def test_each_half_round_pairs_the_feature_with_the_base_trainer_of_its_half_step_by_step():
+    order = bench.abba(["B", "S", "C"], rounds=1)  # B S C | C S B
+    runs = [{"cpu": cpu} for cpu in ([10, 20], [11, 22], [12, 20], [9, 30], [10, 31], [10, 30])]
+    assert bench.pair_ratios(order, runs, "S", "B") == [pytest.approx(1.1), pytest.approx((1 + 31 / 30) / 2)]
+    assert bench.pair_ratios(order, runs, "C", "B") == [
+        pytest.approx((1.2 + 1.0) / 2),
+        pytest.approx((0.9 + 1) / 2),
+    ]
+
+
+def test_the_interval_is_students_over_the_half_rounds():
+    mean, low, high = bench.mean_interval([1.0, 1.02, 1.04, 1.02])
+    sd = (0.02**2 * 2 / 3) ** 0.5
+    assert mean == pytest.approx(1.02) and high - mean == pytest.approx(3.182 * sd / 2, rel=1e-3)
+    assert bench.mean_interval([1.0])[1:] == (float("-inf"), float("inf"))  # one unit settles nothing
+
+
+def test_the_timed_plugin_trainer_wraps_methods_the_trainer_has():
+    from bench.bench_trl_overhead import timed_plugin
+    from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer
+
+    timed = timed_plugin({})
+    wrapped = [name for name, value in vars(timed).items() if callable(value) and not name.startswith("__")]
+    assert wrapped and all(hasattr(LengthPluginGRPOTrainer, name) for name in wrapped)

@@ -31,19 +31,16 @@ from trl_length_plugin.score_centering import config as core
 from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
     SCORE_CENTERING_KEYS,
+    HostSettings,
     HostWeights,
     ScoreCenteringConfig,
     ScoreCenteringPlanBase,
-    check_base_clip,
-    check_engine_cap,
     check_is_bounds,
     engine_logprob_cap,
     load_score_centering_config,
-    refuse_sequence_ratio,
-    resolve_mode,
+    resolve_plan,
 )
 from trl_length_plugin.score_centering.modes import get_mode
-from trl_length_plugin.score_centering.sampling_request import check_sampling_settings
 
 from .length_config import _plain
 
@@ -177,7 +174,7 @@ def _host_weights(config: DictConfig) -> HostWeights:
     )
 
 
-def _check_rollout(rollout: DictConfig, top_k: int) -> None:
+def _check_rollout(rollout: DictConfig) -> None:
     """The rollout must return the sampler's own head through verl's vLLM server."""
     key = "actor_rollout_ref.rollout"
     if rollout.get("name") != "vllm":
@@ -196,8 +193,6 @@ def _check_rollout(rollout: DictConfig, top_k: int) -> None:
         raise ValueError(
             f"{key}.calculate_log_probs: score centering needs the sampled token's rollout logprob; set it true"
         )
-    _check_sampling(rollout, top_k)
-    check_engine_cap(_engine_cap(rollout), top_k, f"{key}.engine_kwargs.vllm.max_logprobs")
     manager = (rollout.get("agent") or {}).get("agent_loop_manager_class")
     if manager not in (None, MANAGER_CLASS):
         raise ValueError(
@@ -224,19 +219,8 @@ def check_sampling_filters(rollout: DictConfig) -> None:
     )
 
 
-def _check_sampling(rollout: DictConfig, top_k: int) -> None:
-    """The core's request rules on the rollout's sampling keys (verl has no sampler replay)."""
-    names = ("temperature", "top_p", "top_k", "logprobs_mode")
-    sampling = {"temperature": rollout.get("temperature"), "top_p": rollout.get("top_p", 1.0)}
-    sampling["top_k"] = rollout.get("top_k", -1)
-    keys = {name: f"actor_rollout_ref.rollout.{name}" for name in names}
-    check_sampling_settings(
-        sampling, top_k, keys, logprobs_mode=rollout.get("logprobs_mode"), replay_supported=False
-    )
-
-
-def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str, str | None]:
-    """The actor must expose its logits to the plugin, once per rollout batch under the on-policy ratio."""
+def _check_actor(config: DictConfig) -> None:
+    """The actor must expose its logits to the plugin."""
     actor, model = config.actor_rollout_ref.actor, config.actor_rollout_ref.model
     if actor.get("strategy") not in ("fsdp", "fsdp2"):
         raise ValueError(
@@ -256,35 +240,57 @@ def _check_actor(config: DictConfig, shared: ScoreCenteringConfig) -> tuple[str,
         raise ValueError(
             "distillation.enabled: on-policy distillation and score centering both need the actor's logits hook"
         )
-    base = (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
-    if base in SEQUENCE_RATIO_LOSS_MODES:
-        refuse_sequence_ratio(f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}")
+
+
+def _base_loss(actor: DictConfig) -> str:
+    return (actor.get("policy_loss") or {}).get("loss_mode", "vanilla")
+
+
+def _one_update_per_batch(config: DictConfig) -> str | None:
+    """None when verl runs one optimizer update per rollout batch; else what its keys say instead."""
+    actor = config.actor_rollout_ref.actor
+    mode = config.trainer.v1.trainer_mode
+    sync_steps = (config.trainer.v1.get(mode) or {}).get("parameter_sync_step", 1)
+    sample = config.data.train_batch_size // sync_steps
+    if actor.get("ppo_epochs", 1) == 1 and actor.ppo_mini_batch_size == sample:
+        return None
+    return (
+        f"actor_rollout_ref.actor.ppo_epochs=1 and actor_rollout_ref.actor.ppo_mini_batch_size={sample} "
+        f"(data.train_batch_size / parameter_sync_step); got ppo_epochs={actor.get('ppo_epochs', 1)}, "
+        f"ppo_mini_batch_size={actor.ppo_mini_batch_size}"
+    )
+
+
+def host_settings(config: DictConfig) -> HostSettings:
+    """verl's settings that the plan reads, in verl's keys (verl has no sampler replay)."""
+    actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
+    base = _base_loss(actor)
     *_, low_key, high_key = _clip(actor)
-    clip = {f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS}
-    check_base_clip(shared, clip, low_key, high_key)
-    if base not in BASE_LOSS_AGGREGATION:
-        raise ValueError(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "
-            f"got {base!r}"
-        )
-    if shared.force_on_policy_ratio:
-        mode = config.trainer.v1.trainer_mode
-        sync_steps = (config.trainer.v1.get(mode) or {}).get("parameter_sync_step", 1)
-        sample = config.data.train_batch_size // sync_steps
-        if actor.get("ppo_epochs", 1) != 1 or actor.ppo_mini_batch_size != sample:
-            raise ValueError(
-                "force_on_policy_ratio: needs one optimizer update per rollout batch: actor_rollout_ref.actor.ppo_epochs=1 "
-                f"and actor_rollout_ref.actor.ppo_mini_batch_size={sample} (data.train_batch_size / "
-                f"parameter_sync_step); got ppo_epochs={actor.get('ppo_epochs', 1)}, "
-                f"ppo_mini_batch_size={actor.ppo_mini_batch_size}"
-            )
-    return base, BASE_LOSS_AGGREGATION[base]
+    names = ("temperature", "top_p", "top_k", "logprobs_mode")
+    sampling = {"temperature": rollout.get("temperature"), "top_p": rollout.get("top_p", 1.0)}
+    sampling["top_k"] = rollout.get("top_k", -1)
+    return HostSettings(
+        weights=_host_weights(config),
+        clip={f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS},
+        clip_keys=(low_key, high_key),
+        engine_cap=(_engine_cap(rollout), "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs"),
+        sampling=sampling,
+        sampling_keys={name: f"actor_rollout_ref.rollout.{name}" for name in names},
+        logprobs_mode=rollout.get("logprobs_mode"),
+        sequence_ratio=(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode: {base!r}"
+            if base in SEQUENCE_RATIO_LOSS_MODES
+            else None
+        ),
+        one_update_per_batch=_one_update_per_batch(config),
+    )
 
 
 def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
-    """Check the keys against verl's config and resolve the settings (None: score centering off)."""
+    """Check the keys against verl's config and resolve the settings (None: score centering off): verl's own
+    checks, then the core's ``resolve_plan`` on :func:`host_settings`, then the base loss's aggregation."""
     shared = score_centering_config(config)
-    if (config.actor_rollout_ref.actor.get("policy_loss") or {}).get("loss_mode") == LOSS_MODE:
+    if _base_loss(config.actor_rollout_ref.actor) == LOSS_MODE:
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: {LOSS_MODE!r} is set by the plugin; keep your own "
             "token-level loss mode (vanilla, sapo, cispo, ...) and add +score_centering=true"
@@ -292,18 +298,21 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
     check_sampling_filters(config.actor_rollout_ref.rollout)
     if not shared.enabled:
         return None
-    top_k = shared.score_centering_top_k
-    _check_rollout(config.actor_rollout_ref.rollout, top_k)
-    base, aggregation = _check_actor(config, shared)
-    mode, bounds, outer = resolve_mode(shared, _host_weights(config))
-    return ScoreCenteringSettings(
-        top_k,
-        mode,
-        bounds,
-        outer,
-        shared.force_on_policy_ratio,
+    _check_rollout(config.actor_rollout_ref.rollout)
+    _check_actor(config)
+    base = _base_loss(config.actor_rollout_ref.actor)
+    host = host_settings(config)
+    if base not in BASE_LOSS_AGGREGATION and host.sequence_ratio is None:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "
+            f"got {base!r}"
+        )
+    return resolve_plan(
+        shared,
+        host,
+        ScoreCenteringSettings,
         base_loss_mode=base,
-        base_aggregation=aggregation,
+        base_aggregation=BASE_LOSS_AGGREGATION.get(base),
     )
 
 

@@ -338,15 +338,17 @@ def resolve_mode(
 
 @dataclass(frozen=True)
 class ScoreCenteringPlanBase:
-    """What every host resolves (reference §5.5, §5.7): K, the mode and its bounds (adaptive-ppo-clip: (lo, hi)
-    before the offset k), the outer bound and the detached on-policy ratio. A host's plan adds its own fields
-    and :attr:`detail`, the host's part of :meth:`summary`."""
+    """What every host resolves (reference §5.2, §5.5, §5.7): K, the mode and its bounds (adaptive-ppo-clip:
+    (lo, hi) before the offset k), the outer bound, the detached on-policy ratio and sampler replay. Built once,
+    by :func:`resolve_plan`, after every check; a host's plan adds its own fields and :attr:`detail`, the host's
+    part of :meth:`summary`."""
 
     top_k: int
     mode: str
     bounds: tuple[float, float] | None
     outer_bound: float | None
     force_on_policy: bool
+    replay: bool = False
 
     @property
     def writes_weights(self) -> bool:
@@ -378,3 +380,53 @@ class ScoreCenteringPlanBase:
         if self.force_on_policy:
             parts.append("on-policy ratio")
         return "score centering: " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What score centering's plan reads of a host's settings, in the host's keys (reference §5.2, §5.5, §5.7)."""
+
+    weights: HostWeights
+    """The host's importance-sampling setting in the plugin's terms."""
+    clip: Mapping[str, Any]
+    """The base loss's clip keys as the host sets them, and the low and high key that bound it (``clip_keys``)."""
+    clip_keys: tuple[str, str]
+    engine_cap: tuple[Any, str]
+    """vLLM's ``max_logprobs`` as the host sets it (None: unset), and its key."""
+    sampling: Mapping[str, Any]
+    """``temperature``, ``top_k``, ``top_p``, ``min_p`` as the host samples, and each one's key (``sampling_keys``,
+    ``logprobs_mode`` included)."""
+    sampling_keys: Mapping[str, str]
+    logprobs_mode: str = "processed_logprobs"
+    replay_supported: bool = False
+    """Whether the host can renormalize over the sampler's kept set when a filter is on (sampler replay)."""
+    sequence_ratio: str | None = None
+    """The host setting that makes the base loss's ratio per sequence (``key: value``), or None."""
+    one_update_per_batch: str | None = None
+    """None when the host runs one optimizer update per rollout batch; else what it sets instead, in its keys."""
+
+
+def resolve_plan(config: ScoreCenteringConfig, host: HostSettings, plan: type, **host_fields: Any):
+    """The one frozen plan of a run (a ``plan`` subclass of :class:`ScoreCenteringPlanBase` with the host's
+    ``host_fields``), after every check the core makes on the host's settings, in this order: the base loss's
+    ratio is per token, its clip range, vLLM's logprob cap, the sampling settings (sampler replay), the mode and
+    its bounds, one update per rollout batch under ``force_on_policy_ratio`` (reference §5.2, §5.5, §5.7). Every
+    error is one line naming the host's key; the host makes its own checks before."""
+    from trl_length_plugin.score_centering.sampling_request import check_sampling_settings
+
+    top_k = config.score_centering_top_k
+    if host.sequence_ratio is not None:
+        refuse_sequence_ratio(host.sequence_ratio)
+    check_base_clip(config, dict(host.clip), *host.clip_keys)
+    cap, cap_key = host.engine_cap
+    check_engine_cap(cap, top_k, cap_key)
+    replay = check_sampling_settings(
+        host.sampling, top_k, host.sampling_keys, logprobs_mode=host.logprobs_mode,
+        replay_supported=host.replay_supported,
+    )  # fmt: skip
+    mode, bounds, outer = resolve_mode(config, host.weights)
+    if config.force_on_policy_ratio and host.one_update_per_batch is not None:
+        raise ValueError(
+            f"force_on_policy_ratio: needs one optimizer update per rollout batch: {host.one_update_per_batch}"
+        )
+    return plan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay, **host_fields)

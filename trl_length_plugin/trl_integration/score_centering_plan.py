@@ -1,10 +1,11 @@
 """Score centering's keys in a ``LengthPluginGRPOConfig``, resolved at load time into what the TRL trainer
 does (docs/reference/score-centering.md §5.2, §5.5, §5.7).
 
-:func:`resolve_plan` derives the mode and its bounds from TRL's importance-sampling keys (the core's
-``resolve_mode``), sampler replay from TRL's sampling filters, and the on-policy ratio, with every check the
-config alone decides; every error names the TRL key. ``LengthPluginGRPOConfig`` calls it; the trainer side
-is ``score_centering.ScoreCenteringMixin``.
+:func:`resolve_plan` makes TRL's own checks (vLLM generation, no tool loop, no capture kwargs), then hands
+TRL's settings in the plugin's terms (:func:`host_settings`: the importance-sampling keys, the clip, vLLM's
+logprob cap, the sampling filters, the ratio level, the update count) to the core's ``resolve_plan``, which
+makes every shared check and builds the one frozen plan; every error names the TRL key.
+``LengthPluginGRPOConfig`` calls it; the trainer side is ``score_centering.ScoreCenteringMixin``.
 """
 
 from __future__ import annotations
@@ -15,17 +16,14 @@ from dataclasses import dataclass
 
 from trl_length_plugin.score_centering.config import (
     SAMPLING_FILTER_RULES,
+    HostSettings,
     HostWeights,
     ScoreCenteringPlanBase,
-    check_base_clip,
-    check_engine_cap,
     check_is_bounds,
     check_sampling_filters,
-    refuse_sequence_ratio,
-    resolve_mode,
 )
+from trl_length_plugin.score_centering.config import resolve_plan as core_resolve_plan
 from trl_length_plugin.score_centering.modes import get_mode
-from trl_length_plugin.score_centering.sampling_request import check_sampling_settings
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")
@@ -40,10 +38,8 @@ CAPTURE_KWARGS = ("logprobs", "prompt_logprobs", "logprob_token_ids", "flat_logp
 @dataclass(frozen=True)
 class ScoreCenteringPlan(ScoreCenteringPlanBase):
     """What the trainer does: the shared plan (K, the mode and its bounds, the outer bound, the on-policy
-    ratio) and sampler replay. TRL has no ``is`` or ``adaptive-ppo-clip`` mode: the plugin writes those
+    ratio, sampler replay). TRL has no ``is`` or ``adaptive-ppo-clip`` mode: the plugin writes those
     sampled-token weights."""
-
-    replay: bool = False
 
     @property
     def detail(self) -> str:
@@ -62,16 +58,6 @@ def check_trl_sampling_filters(args) -> None:
     centering (reference §5.2): a NaN or out-of-range value would fail only in vLLM, after the model loads."""
     own = {name: getattr(args, name) for name in SAMPLING_FILTER_RULES}
     check_sampling_filters({"": own, "generation_kwargs.": args.generation_kwargs or {}})
-
-
-def _check_token_ratio(args) -> None:
-    """The base loss's importance ratio must be per token (reference §5.5): no LUSPO, VESPO or GSPO."""
-    if args.luspo:
-        refuse_sequence_ratio("luspo: true")
-    if args.loss_type in SEQUENCE_RATIO_LOSS_TYPES:
-        refuse_sequence_ratio(f"loss_type: {args.loss_type!r}")
-    if args.importance_sampling_level == "sequence":
-        refuse_sequence_ratio("importance_sampling_level: 'sequence'")
 
 
 def _host_weights(args) -> HostWeights:
@@ -120,20 +106,50 @@ def _host_weights(args) -> HostWeights:
     )
 
 
+def _sequence_ratio(args) -> str | None:
+    """The TRL setting that makes the base loss's importance ratio per sequence (reference §5.5): LUSPO, VESPO
+    or GSPO."""
+    if args.luspo:
+        return "luspo: true"
+    if args.loss_type in SEQUENCE_RATIO_LOSS_TYPES:
+        return f"loss_type: {args.loss_type!r}"
+    if args.importance_sampling_level == "sequence":
+        return "importance_sampling_level: 'sequence'"
+    return None
+
+
+def _one_update_per_batch(args) -> str | None:
+    """None when TRL runs one optimizer update per rollout batch; else what its keys say instead."""
+    accumulation, per_generation = args.gradient_accumulation_steps, args.steps_per_generation
+    if args.num_iterations == 1 and accumulation % per_generation == 0:
+        return None
+    return (
+        f"num_iterations: 1 and steps_per_generation dividing gradient_accumulation_steps (got num_iterations="
+        f"{args.num_iterations}, steps_per_generation={per_generation}, gradient_accumulation_steps={accumulation})"
+    )
+
+
+def host_settings(args) -> HostSettings:
+    """TRL's settings that the plan reads, in TRL's keys."""
+    return HostSettings(
+        weights=_host_weights(args),
+        clip={"epsilon": args.epsilon, "epsilon_high": args.epsilon_high},
+        clip_keys=("epsilon", "epsilon" if args.epsilon_high is None else "epsilon_high"),
+        engine_cap=((args.vllm_engine_kwargs or {}).get("max_logprobs"), "vllm_engine_kwargs.max_logprobs"),
+        sampling=_sampling(args),
+        sampling_keys={name: name for name in ("temperature", "top_k", "top_p", "min_p")},
+        replay_supported=True,
+        sequence_ratio=_sequence_ratio(args),
+        one_update_per_batch=_one_update_per_batch(args),
+    )
+
+
 def resolve_plan(args) -> ScoreCenteringPlan | None:
     """Check the config and resolve the plan (None when score centering is off); every error names a key."""
     check_trl_sampling_filters(args)
     config = args.score_centering_config
     if not config.enabled:
         return None
-    top_k = config.score_centering_top_k
-    _check_token_ratio(args)
-    high_key = "epsilon" if args.epsilon_high is None else "epsilon_high"
-    clip = {"epsilon": args.epsilon, "epsilon_high": args.epsilon_high}
-    check_base_clip(config, clip, "epsilon", high_key)
-    check_engine_cap(
-        (args.vllm_engine_kwargs or {}).get("max_logprobs"), top_k, "vllm_engine_kwargs.max_logprobs"
-    )
     if not args.use_vllm:
         raise ValueError("score_centering: needs use_vllm: true (the sampler's head comes from vLLM)")
     if args.max_tool_calling_iterations is not None:
@@ -143,16 +159,4 @@ def resolve_plan(args) -> ScoreCenteringPlan | None:
     captured = sorted(set(args.generation_kwargs or {}) & set(CAPTURE_KWARGS))
     if captured:
         raise ValueError(f"generation_kwargs.{captured[0]}: score centering sets what vLLM returns; drop it")
-    keys = {name: name for name in ("temperature", "top_k", "top_p", "min_p")}
-    replay = check_sampling_settings(_sampling(args), top_k, keys, replay_supported=True)
-    mode, bounds, outer = resolve_mode(config, _host_weights(args))
-    if config.force_on_policy_ratio:
-        accumulation, per_generation = args.gradient_accumulation_steps, args.steps_per_generation
-        if args.num_iterations != 1 or accumulation % per_generation:
-            raise ValueError(
-                "force_on_policy_ratio: needs one optimizer update per rollout batch: num_iterations: 1 and "
-                f"steps_per_generation dividing gradient_accumulation_steps (got num_iterations="
-                f"{args.num_iterations}, steps_per_generation={per_generation}, "
-                f"gradient_accumulation_steps={accumulation})"
-            )
-    return ScoreCenteringPlan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay=replay)
+    return core_resolve_plan(config, host_settings(args), ScoreCenteringPlan)
