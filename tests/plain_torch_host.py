@@ -1,15 +1,19 @@
 """A third host, written against the host contract alone (docs/write-a-host.md): a plain PyTorch GRPO loop
-with length shaping, LUSPO's loss and the score-centering term, importing only the core and transformers'
-model. The sampler is the model's own ``generate``; its top-K ids and logprobs stand in for vLLM's."""
+with length shaping and either LUSPO's sequence loss or a token-level clipped loss with TIS and the
+score-centering term (score centering needs a per-token ratio, reference §5.5), importing only the core and
+transformers' model. The sampler is the model's own ``generate``; its top-K ids and logprobs stand in for vLLM's."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from trl_length_plugin.losses.luspo import luspo_loss
-from trl_length_plugin.score_centering.estimator import compute_score_centering_term
+from trl_length_plugin.score_centering.estimator import (
+    compute_score_centering_term,
+    sampled_token_weights_from_logprobs,
+)
 from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 from trl_length_plugin.shaping import RolloutBatch, group_advantages, shape_rollouts
 from trl_length_plugin.shaping.config import load_shaping_config
@@ -20,31 +24,34 @@ NORMALIZATION = GroupNormalization(scale_by_std=True, std_eps=1e-4)
 
 @dataclass
 class Rollouts:
-    """One step's sampled groups: completion ids, mask, the sampler's logprobs and top-K head."""
+    """One step's sampled groups (B rows, T completion positions, the sampler's top K at each)."""
 
     inputs: torch.Tensor  # prompt + completion ids, (B, P + T)
-    mask: torch.Tensor  # completion tokens before and at EOS, (B, T)
+    attention: torch.Tensor  # the prompts' left padding masked, (B, P + T)
+    mask: torch.Tensor  # completion tokens up to and with the end of sequence, (B, T)
     sampler_logprobs: torch.Tensor  # sampled tokens, (B, T)
     head_ids: torch.Tensor  # (B, T, K)
     head_logprobs: torch.Tensor  # (B, T, K)
-    texts: list[str] = field(default_factory=list)
+    texts: list[str]
 
 
 @torch.no_grad()
 def sample(model, tokenizer, prompts: list[str], group: int, max_new_tokens: int, top_k: int) -> Rollouts:
-    """``group`` completions per prompt, with the sampler's logprobs and its top-K head at each position."""
+    """``group`` completions per prompt at temperature 1 with no filter, the sampler's logprobs and head."""
     encoded = tokenizer([p for p in prompts for _ in range(group)], return_tensors="pt", padding=True)
     out = model.generate(
-        **encoded, do_sample=True, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+        **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
         return_dict_in_generate=True, output_scores=True, pad_token_id=tokenizer.pad_token_id,
     )  # fmt: skip
     completion = out.sequences[:, encoded["input_ids"].shape[1] :]
-    logprobs = torch.stack(out.scores, 1).log_softmax(-1)  # the sampler's distribution, (B, T, V)
-    ended = (completion == tokenizer.eos_token_id).cumsum(-1)
-    mask = (ended == 0) | ((ended == 1) & (completion == tokenizer.eos_token_id))
+    logprobs = torch.stack(out.scores, 1).float().log_softmax(-1)  # what it sampled from, (B, T, V)
+    stops = torch.tensor(model.generation_config.eos_token_id).reshape(-1)
+    ended = torch.isin(completion, stops).cumsum(-1)
+    mask = (ended == 0) | ((ended == 1) & torch.isin(completion, stops))
     head_logprobs, head_ids = logprobs.topk(top_k, -1)
     return Rollouts(
         torch.cat([encoded["input_ids"], completion], 1),
+        torch.cat([encoded["attention_mask"], torch.ones_like(completion)], 1),
         mask,
         logprobs.gather(-1, completion.unsqueeze(-1)).squeeze(-1),
         head_ids,
@@ -57,43 +64,54 @@ def policy_logprobs(model, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tens
     """The policy's logprobs of the sampled tokens and at the sampler's head ids, from the final hidden states
     and the output weights in tiles: no (B, T, V) logits tensor is built."""
     steps = rollouts.mask.shape[1]
-    hidden = model.model(rollouts.inputs).last_hidden_state[:, -steps - 1 : -1]
+    positions = (rollouts.attention.cumsum(-1) - 1).clamp(min=0)
+    hidden = model.model(rollouts.inputs, attention_mask=rollouts.attention, position_ids=positions)
     head = policy_logprobs_at_sampler_topk(
-        hidden,
-        model.lm_head.weight,
-        sampled_ids=rollouts.inputs[:, -steps:],
-        sampler_topk_ids=rollouts.head_ids,
-    )
+        hidden.last_hidden_state[:, -steps - 1 : -1], model.lm_head.weight,
+        sampled_ids=rollouts.inputs[:, -steps:], sampler_topk_ids=rollouts.head_ids,
+    )  # fmt: skip
     return head.sampled, head.topk
 
 
 class PlainHost:
-    """The loop's plugin side: configs checked before the model is used, then one call per step."""
+    """The loop's plugin side: the config checked before the model is used, then one call per step."""
 
-    def __init__(
-        self, shaping: dict, is_bounds: tuple[float, float], clip: tuple[float, float] = (2e-3, 2.5e-3)
-    ):
+    def __init__(self, shaping: dict, loss: str, is_bounds: tuple[float, float], clip=(0.2, 0.28)):
         self.shaping = load_shaping_config(shaping)  # a bad key fails here, in one line naming it
-        self.is_bounds, self.clip = is_bounds, clip
+        self.loss_name, self.is_bounds, self.clip = loss, is_bounds, clip
 
     def advantages(self, rewards: list[float], lengths: torch.Tensor, group: int, step: int):
-        """Shaped rewards and advantages of the step's groups, and the core's metrics."""
+        """The core's result for the step's groups, the advantages and the rows that stay in the loss."""
         index = torch.arange(len(rewards)) // group
         batch = RolloutBatch(rewards=rewards, group_index=index, answer_lengths=lengths, loss_lengths=lengths)
         result = shape_rollouts(batch, self.shaping, NORMALIZATION, step=step)
         advantages = result.advantages
-        if advantages is None:  # the coefficient off: this host normalizes the shaped rewards itself
+        if advantages is None:  # the coefficient off: this host normalizes the totals itself
             advantages = group_advantages(result.totals, result.raw, index, **vars(NORMALIZATION))
-        return result, advantages.float()
+        rows = torch.ones(len(rewards), dtype=torch.bool)
+        for keep in (result.keep, result.loss_keep):  # the group filter, truncation: mask
+            if keep is not None:
+                rows &= keep
+        return result, advantages.float(), rows
 
-    def loss(self, model, rollouts: Rollouts, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """LUSPO's loss plus the score-centering term ``A * C`` over the completion tokens."""
+    def loss(
+        self, model, rollouts: Rollouts, old: torch.Tensor, advantages: torch.Tensor, rows: torch.Tensor
+    ):
+        """LUSPO's loss; or the token-level clipped loss with the sampler's TIS weights plus ``A * C``, both
+        over the loss's tokens."""
+        mask = rollouts.mask & rows[:, None]
         sampled, at_head = policy_logprobs(model, rollouts)
-        base, metrics = luspo_loss(sampled, rollouts.sampler_logprobs, advantages, rollouts.mask, *self.clip)
+        if self.loss_name == "luspo":
+            return luspo_loss(sampled, old, advantages, mask, *self.clip)
+        weights = sampled_token_weights_from_logprobs(
+            old, rollouts.sampler_logprobs, mask, "tis", self.is_bounds
+        )
+        ratio, adv = (sampled - old).exp(), advantages[:, None]
+        clipped = ratio.clamp(1 - self.clip[0], 1 + self.clip[1])
+        base = -(torch.minimum(ratio * adv, clipped * adv) * weights)[mask].sum()
         term = compute_score_centering_term(
             at_head, sampler_topk_logprobs=rollouts.head_logprobs, importance_sampling_mode="tis",
-            is_bounds=self.is_bounds, token_mask=rollouts.mask, sampler_replay=False,
+            is_bounds=self.is_bounds, token_mask=mask, sampler_replay=False,
         )  # fmt: skip
-        centering = (advantages[:, None] * term.correction).sum() / rollouts.mask.sum()
-        head_mass = term.sampler_head_mass[rollouts.mask]
-        return base + centering, {**metrics, "head_mass": head_mass, "correction": term.correction.detach()}
+        loss = (base + (adv * term.correction).sum()) / mask.sum().clamp(min=1)
+        return loss, {"head_mass": term.sampler_head_mass[mask], "correction": term.correction.detach()}

@@ -20,6 +20,7 @@ HOSTS = [
 CORE_MODULES = [
     "trl_length_plugin",
     "trl_length_plugin.config_base",
+    "trl_length_plugin.host_checks",
     "trl_length_plugin.shaping",
     "trl_length_plugin.losses",
     "trl_length_plugin.losses.luspo",

@@ -1,7 +1,7 @@
 """The host contract proved by a third host (issue 32, docs/write-a-host.md): a plain PyTorch GRPO loop
 (``tests/plain_torch_host.py``) gets length shaping, LUSPO's loss and the score-centering term from the core
 alone, on the embedded warm model. Its sampler is the model's own ``generate`` (no vLLM): the top-K head it
-returns is the sampler's distribution, as vLLM's logprobs are."""
+returns is the distribution it sampled from, as vLLM's logprobs are."""
 
 from __future__ import annotations
 
@@ -20,27 +20,32 @@ SHAPING = {
     "length_penalty": {"default": {"group_total_length_penalty_coeff": 0.2}},
     "length_penalty_coeff": 1.0,
     "length_penalty_min_tokens": 4,
+    "drop_zero_std_groups": True,
 }
 CORE = ("trl_length_plugin.shaping", "trl_length_plugin.losses", "trl_length_plugin.score_centering")
 
 
 def test_the_third_host_imports_only_the_core():
-    imported = {
-        node.module
-        for node in ast.walk(ast.parse(HOST.read_text()))
-        if isinstance(node, ast.ImportFrom) and node.module != "__future__"
-    }
+    imported = set()
+    for node in ast.walk(ast.parse(HOST.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
     plugin = {name for name in imported if name.startswith("trl_length_plugin")}
     assert plugin and all(name.startswith(CORE) for name in plugin), plugin
-    assert not {name for name in imported if name.split(".")[0] in ("trl", "verl", "verl_adapter", "vllm")}
+    assert imported - plugin == {"torch", "dataclasses"}  # no trl, verl, vllm or host adapter
 
 
 def test_a_bad_key_fails_before_the_model_is_used():
     with pytest.raises(LengthConfigError, match="length_penalty.default.top_percentil: unknown key"):
-        PlainHost({"length_penalty": {"default": {"top_percentil": 0.5}}}, (0.0, 2.0))
+        PlainHost({"length_penalty": {"default": {"top_percentil": 0.5}}}, "luspo", (0.0, 2.0))
 
 
-def test_three_steps_of_the_plain_loop_train_with_every_feature(tiny_model_dir):
+@pytest.mark.parametrize("loss", ["luspo", "token"])
+def test_the_plain_loop_trains_with_shaping_and_each_loss(tiny_model_dir, loss):
+    """Two steps: shaping with the coefficient and the group filter, then LUSPO's loss, or the token-level loss
+    with TIS and the score-centering term (whose head and sampled logprobs match a full log-softmax)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -48,32 +53,34 @@ def test_three_steps_of_the_plain_loop_train_with_every_feature(tiny_model_dir):
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    host, group = PlainHost(SHAPING, (0.0, 1.05)), 8
-    data = make_task_dataset(12, seed=0)
-    for step in range(3):
+    host, group = PlainHost(SHAPING, loss, (0.0, 1.05)), 8
+    data = make_task_dataset(8, seed=0)
+    for step in range(2):
         rows = data.select(range(4 * step, 4 * step + 4))
-        prompts = [
+        chats = [
             tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
             for p in rows["prompt"]
         ]
-        rollouts = sample(model, tokenizer, prompts, group, max_new_tokens=32, top_k=16)
-        answers = [a for a in rows["answer"] for _ in range(group)]
-        rewards = correctness_reward(rollouts.texts, answers)
-        lengths = rollouts.mask.sum(-1)
-        result, advantages = host.advantages(rewards, lengths, group, step)
+        rollouts = sample(model, tokenizer, chats, group, max_new_tokens=32, top_k=16)
+        rewards = correctness_reward(rollouts.texts, [a for a in rows["answer"] for _ in range(group)])
+        result, advantages, kept = host.advantages(rewards, rollouts.mask.sum(-1), group, step)
         assert torch.equal(result.raw, torch.tensor(rewards, dtype=torch.float64))
         assert {"length_penalty/coeff", "length_penalty/adjusted_frac"} <= set(result.metrics)
-        assert all(torch.isfinite(torch.tensor(v)) for v in result.metrics.values())
+        assert torch.equal(kept, result.keep)  # the filter's groups leave the loss
+        with torch.no_grad():
+            old, at_head = policy_logprobs(model, rollouts)
         if (
             step == 0
-        ):  # the tiled head matches a full log-softmax, and before any update the sampler's logprobs
+        ):  # the tiled head equals a full log-softmax; before any update, so do the sampler's logprobs
+            steps, mask = rollouts.mask.shape[1], rollouts.mask
             with torch.no_grad():
-                sampled, at_head = policy_logprobs(model, rollouts)
-                steps = rollouts.mask.shape[1]
-                full = model(rollouts.inputs).logits[:, -steps - 1 : -1].double().log_softmax(-1)
-            mask = rollouts.mask
+                positions = (rollouts.attention.cumsum(-1) - 1).clamp(min=0)
+                logits = model(
+                    rollouts.inputs, attention_mask=rollouts.attention, position_ids=positions
+                ).logits
+            full = logits[:, -steps - 1 : -1].double().log_softmax(-1)
             taken = full.gather(-1, rollouts.inputs[:, -steps:, None]).squeeze(-1)
-            torch.testing.assert_close(sampled.double()[mask], taken[mask], rtol=0, atol=1e-4)
+            torch.testing.assert_close(old.double()[mask], taken[mask], rtol=0, atol=1e-4)
             torch.testing.assert_close(
                 at_head.double()[mask], full.gather(-1, rollouts.head_ids)[mask], rtol=0, atol=1e-4
             )
@@ -81,13 +88,14 @@ def test_three_steps_of_the_plain_loop_train_with_every_feature(tiny_model_dir):
                 rollouts.sampler_logprobs.double()[mask], taken[mask], rtol=0, atol=1e-3
             )
         model.train()
-        loss, metrics = host.loss(model, rollouts, advantages)
+        loss_value, metrics = host.loss(model, rollouts, old, advantages, kept)
         optimizer.zero_grad()
-        loss.backward()
-        assert torch.isfinite(loss) and all(
-            torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None
-        )
+        loss_value.backward()
+        assert torch.isfinite(loss_value)
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         optimizer.step()
-        assert ((metrics["head_mass"] > 0) & (metrics["head_mass"] <= 1.0001)).all()
-        assert torch.isfinite(metrics["correction"]).all() and metrics["luspo/seq_ratio_mean"] > 0
-    assert sum(rewards) > 0  # the warm model answers some problems: the groups carry a signal
+        if loss == "luspo":
+            assert metrics["luspo/seq_ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # on-policy: s_i = 1
+        else:
+            assert ((metrics["head_mass"] > 0) & (metrics["head_mass"] <= 1.0001)).all()
+            assert torch.isfinite(metrics["correction"]).all()

@@ -246,7 +246,7 @@ def test_coefficient_log_lines(random_model_dir, tmp_path, caplog):
 
 @pytest.mark.slow
 def test_warmup_schedule_and_curves(random_model_dir, tmp_path):
-    """``length_penalty_coeff_warmup_steps`` raises c linearly through the callback; the PNG is written."""
+    """``length_penalty_coeff_warmup_steps`` raises c linearly (a length schedule); the callback writes the PNG."""
     tokenizer = load_tokenizer(random_model_dir)
     args = tiny_config(
         tmp_path,

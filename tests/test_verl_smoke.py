@@ -117,7 +117,10 @@ def test_the_response_fits_the_users_length_limits(tmp_path):
 
 def test_the_weight_bucket_holds_every_weight_and_a_tied_head_again(tmp_path):
     """vLLM 0.31 refuses a tied head that reaches it in another bucket than its embedding (the real model's
-    49,152 x 576 embedding alone is 108 MiB): one bucket holds all, in float32."""
+    49,152 x 576 embedding alone is 108 MiB): with tied embeddings one bucket holds all, in float32; untied, the
+    largest weight is enough."""
+    import json
+
     import torch
     from safetensors.torch import save_file
 
@@ -128,9 +131,12 @@ def test_the_weight_bucket_holds_every_weight_and_a_tied_head_again(tmp_path):
     save_file(weights, tmp_path / "a.safetensors")
     embed, small = 49152 * 576 * 4, 256 * 1024 * 4
     assert smoke_config.weight_bytes(tmp_path) == (embed + small, embed)
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
     assert smoke_config.weight_bucket_megabytes(tmp_path) == 108 + 1 + 108 + 1
     overrides = cpu_overrides([], 2, tmp_path, tmp_path / "run").overrides
     assert "++actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=218" in overrides
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    assert smoke_config.weight_bucket_megabytes(tmp_path) == 108 + 1
 
 
 def test_local_data_and_reward_function_are_kept_with_a_model_of_the_users(tmp_path, monkeypatch):

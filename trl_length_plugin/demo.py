@@ -23,9 +23,6 @@ from pathlib import Path
 
 from trl_length_plugin.embedded import reasoning
 
-for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-    os.environ.setdefault(_var, "1")
-
 ACCURACY_KEY = "rewards/correctness_reward/mean"
 LENGTH_KEY = "completions/mean_length"
 #: GRPO settings of the demo and of every arm of bench/bench_efficacy.py: 4 prompts x 8 completions a step
@@ -392,6 +389,12 @@ def versus(a: dict, b: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    for var in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+    ):  # no Hub, and no env change on import
+        os.environ.setdefault(var, "1")
     args = parse_args(argv)
     import torch
 

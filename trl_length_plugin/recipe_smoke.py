@@ -168,20 +168,19 @@ def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root:
     train = [sys.executable, "-m", "trl_length_plugin.cli", "--config", f"recipe:{name}"]
     commands.append(train + recipe_flags(recipe, model, data, steps, output))
     started = time.monotonic()
-    for command in commands:
+    stages = (["profile: "] if len(commands) > 1 else []) + [""]
+    for stage, command in zip(stages, commands, strict=True):
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, env=env, cwd=root, timeout=TIMEOUT_S
             )
         except subprocess.TimeoutExpired:  # subprocess.run killed the trainer; vLLM runs in-process
-            return (
-                False,
-                f"{name:<28} {time.monotonic() - started:6.0f} s  FAIL: timed out after {TIMEOUT_S} s",
-            )
+            seconds = time.monotonic() - started
+            return False, f"{name:<28} {seconds:6.0f} s  FAIL: {stage}timed out after {TIMEOUT_S} s"
         if done.returncode != 0:
             break
     seconds = time.monotonic() - started
-    found = problems(done, output, recipe)
+    found = [stage + problem for problem in problems(done, output, recipe)]
     verdict = "PASS" if not found else "FAIL: " + "; ".join(found)
     return not found, f"{name:<28} {seconds:6.0f} s  {verdict}"
 

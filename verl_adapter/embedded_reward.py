@@ -6,10 +6,11 @@ the answer (docs/embedded.md); the real chat model's arithmetic task's, 1.0 when
 from __future__ import annotations
 
 from trl_length_plugin.embedded.task import last_number_score, score_completion
+from verl_adapter.smoke_config import SMOKE_TASKS
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:
     """verl's reward-function signature."""
-    if data_source == "real/arithmetic":
+    if data_source == SMOKE_TASKS["real"]:
         return last_number_score(solution_str, ground_truth)
     return score_completion(solution_str, ground_truth)

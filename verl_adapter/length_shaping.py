@@ -18,10 +18,10 @@ See ``docs/verl.md`` for why this hook and for the config keys.
 
 from __future__ import annotations
 
-import inspect
-
 from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+from trl_length_plugin.host_checks import parameters
 
 from ._host import EXPECTED, require_supported_verl, wrap_builtin_trainers
 from .length_trainer import LengthShapingMixin
@@ -35,15 +35,14 @@ HOOKS = (
 )
 
 
-def _parameters(cls: type, name: str) -> tuple[str, ...] | None:
-    method = getattr(cls, name, None)
-    return tuple(inspect.signature(method).parameters) if callable(method) else None
-
-
 def check_verl_hooks() -> None:
     """Raise ImportError naming the expected version when verl is not the one these hooks were written for."""
     require_supported_verl("verl_adapter.length_shaping")
-    changed = [f"{cls.__name__}.{name}" for cls, name, params in HOOKS if _parameters(cls, name) != params]
+    changed = [
+        f"{cls.__name__}.{name}"
+        for cls, name, params in HOOKS
+        if parameters(getattr(cls, name, None)) != params
+    ]
     if not isinstance(getattr(trainer_base, "TRAINER_REGISTRY", None), dict):
         changed.append("trainer_base.TRAINER_REGISTRY")
     if changed:

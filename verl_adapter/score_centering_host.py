@@ -19,6 +19,8 @@ import inspect
 import re
 from types import SimpleNamespace
 
+from trl_length_plugin import host_checks
+
 from ._host import EXPECTED
 
 #: Ray's tracing adds this parameter to actor methods; it is not verl's
@@ -26,17 +28,11 @@ _RAY_TRACE = "_ray_trace_ctx"
 
 
 def _parameters(function) -> tuple[str, ...] | None:
-    if not callable(function):
-        return None
-    return tuple(name for name in inspect.signature(function).parameters if name != _RAY_TRACE)
+    return host_checks.parameters(function, ignore=(_RAY_TRACE,))
 
 
 def _changed(expected: list[tuple[object, str, tuple[str, ...]]]) -> list[str]:
-    return [
-        f"{getattr(owner, '__name__', owner)}.{name}{_parameters(getattr(owner, name, None))}"
-        for owner, name, params in expected
-        if _parameters(getattr(owner, name, None)) != params
-    ]
+    return host_checks.changed(expected, ignore=(_RAY_TRACE,))
 
 
 def _raise(changed: list[str]) -> None:

@@ -85,7 +85,7 @@ def write_smoke_data(folder: Path, task: str) -> tuple[Path, Path]:
                     "extra_info": {
                         "index": i,
                         "split": split,
-                        "level": row.get("level", 1),
+                        "level": row.get("level", 3),
                         "target_length": 8 + 8 * row.get("level", 3),
                     },
                 }
@@ -148,12 +148,17 @@ def weight_bytes(model: Path) -> tuple[int, int]:
 
 
 def weight_bucket_megabytes(model: Path) -> int:
-    """verl's weight-sync bucket: 16 MB, or room for every weight at once. vLLM 0.31 loads each bucket on its own
-    and refuses a tied head (``lm_head.weight``, sent beside the embedding it is tied to) that arrives in another
-    bucket than its embedding, as a real model's large embedding makes happen; safetensors keep a tied head
-    once, so it is counted again as at most the largest weight, plus 1 MiB for alignment."""
+    """verl's weight-sync bucket (in ``/dev/shm``): 16 MB, or the model's largest weight where that is larger
+    (verl refuses a weight larger than its bucket); for a model with tied embeddings, room for every weight at
+    once. vLLM 0.31 loads each bucket on its own and refuses a tied head (``lm_head.weight``, sent beside the
+    embedding it is tied to) that arrives in another bucket than its embedding, as a real model's large
+    embedding makes happen; safetensors keep a tied head once, so it is counted again as at most the largest
+    weight. Plus 1 MiB for alignment."""
     total, largest = weight_bytes(model)
-    return max(16, math.ceil((total + largest) / 2**20) + 1 if total else 0)
+    config = model / "config.json"
+    tied = json.loads(config.read_text()).get("tie_word_embeddings", True) if config.is_file() else False
+    needed = total + largest if tied else largest
+    return max(16, math.ceil(needed / 2**20) + 1 if needed else 0)
 
 
 def cpu_overrides(user: list[str], steps: int, model: Path, run_dir: Path, own_data: bool = True) -> Replaced:

@@ -13,7 +13,6 @@ instead of training on silently wrong rewards.
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections import deque
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from collections.abc import Mapping
 from packaging.version import Version
 
 from trl_length_plugin._optional import require
+from trl_length_plugin.host_checks import parameters
 from trl_length_plugin.vllm_cpu import check_cpu_dispatch
 
 #: the TRL release this integration was written and tested against, and the range it accepts
@@ -133,15 +133,11 @@ def check_trl_host() -> None:
         if method is None:
             problems.append(f"GRPOTrainer.{name} no longer exists")
             continue
-        params = tuple(inspect.signature(method).parameters)
+        params = parameters(method)
         if params != expected:
             problems.append(f"GRPOTrainer.{name}{params} differs from the expected {expected}")
     if problems:
         raise TRLHostError("; ".join(problems))
-
-
-def _parameters(function) -> tuple[str, ...] | None:
-    return tuple(inspect.signature(function).parameters) if callable(function) else None
 
 
 def check_vllm_host() -> None:
@@ -151,7 +147,7 @@ def check_vllm_host() -> None:
     problems = []
     if not callable(getattr(vllm_generation, "LLM", None)):
         problems.append("trl.generation.vllm_generation.LLM (the engine class TRL builds) is gone")
-    if _parameters(getattr(vllm_generation.VLLMGeneration, "generate", None)) != VLLM_GENERATE:
+    if parameters(getattr(vllm_generation.VLLMGeneration, "generate", None)) != VLLM_GENERATE:
         problems.append(f"VLLMGeneration.generate no longer takes {VLLM_GENERATE}")
     try:
         from vllm.logprobs import FlatLogprobs

@@ -34,8 +34,9 @@ def check_schedule_name(name: str) -> None:
     """Refuse a callback schedule of anything but the shaping column's weight, naming ``length_schedule``."""
     if name != WEIGHT:
         raise ValueError(
-            f"LengthPluginCallback schedules only {WEIGHT}, not {name!r}: move {name} with length_schedule "
-            "(docs/reference/length-coefficient.md §3.7), which is checked at load time and saved in checkpoints"
+            f"LengthPluginCallback schedules only {WEIGHT}, not {name!r}; the shaping config's numbers move by "
+            "length_schedule (docs/reference/length-coefficient.md §3.7), which is checked at load time and saved "
+            "in checkpoints"
         )
 
 
