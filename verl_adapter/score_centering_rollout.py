@@ -32,6 +32,7 @@ from trl_length_plugin.score_centering.sampling_request import (
     validate_score_centering_request,
 )
 
+from .score_centering_config import resolve_settings
 from .score_centering_loss import SAMPLER_IDS, SAMPLER_LOGPROBS
 
 
@@ -149,7 +150,7 @@ class ScoreCenteringAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def __init__(self, config, llm_client, *args, **kwargs):
         super().__init__(config, llm_client, *args, **kwargs)
         self.llm_client = with_capture(self.llm_client)
-        self.score_centering_top_k = int(config.score_centering_top_k)  # validated in the TaskRunner
+        self.score_centering_top_k = resolve_settings(config).top_k  # the run's one plan, as the TaskRunner's
 
     async def _run_agent_loop(self, sampling_params, trajectory, **kwargs):
         if trajectory["validate"]:
