@@ -136,11 +136,10 @@ def train_arm(name: str, steps: int, seed: int) -> dict:
         for row in trainer.state.log_history
         if "completions/mean_length" in row
     ]
-    timed = sorted(own)[WARMUP:] if own else []
     return dict(
         wall=clock.wall[WARMUP:],
         cpu=clock.cpu[WARMUP:],
-        own=[own[step] for step in timed],
+        own=[own[step] for step in sorted(own)[WARMUP:]],
         peak_mib=peak_since(before) / 2**20,
         lengths=lengths,
     )

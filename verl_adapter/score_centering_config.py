@@ -301,15 +301,14 @@ def resolve_settings(config: DictConfig) -> ScoreCenteringSettings | None:
     _check_rollout(config.actor_rollout_ref.rollout)
     _check_actor(config)
     base = _base_loss(config.actor_rollout_ref.actor)
-    host = host_settings(config)
-    if base not in BASE_LOSS_AGGREGATION and host.sequence_ratio is None:
+    if base not in BASE_LOSS_AGGREGATION and base not in SEQUENCE_RATIO_LOSS_MODES:  # the core refuses those
         raise ValueError(
             f"actor_rollout_ref.actor.policy_loss.loss_mode: score centering wraps {', '.join(BASE_LOSS_AGGREGATION)}; "
             f"got {base!r}"
         )
     return resolve_plan(
         shared,
-        host,
+        host_settings(config),
         ScoreCenteringSettings,
         base_loss_mode=base,
         base_aggregation=BASE_LOSS_AGGREGATION.get(base),
