@@ -15,9 +15,10 @@ from trl_length_plugin.score_centering.estimator import (
     sampled_token_weights_from_logprobs,
 )
 from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
-from trl_length_plugin.shaping import RolloutBatch, group_advantages, shape_rollouts
+from trl_length_plugin.shaping import RolloutBatch, group_advantages
 from trl_length_plugin.shaping.config import load_shaping_config
 from trl_length_plugin.shaping.normalization import GroupNormalization
+from trl_length_plugin.shaping.run import ShapingRun
 
 NORMALIZATION = GroupNormalization(scale_by_std=True, std_eps=1e-4)
 
@@ -77,14 +78,16 @@ class PlainHost:
     """The loop's plugin side: the config checked before the model is used, then one call per step."""
 
     def __init__(self, shaping: dict, loss: str, is_bounds: tuple[float, float], clip=(0.2, 0.28)):
-        self.shaping = load_shaping_config(shaping)  # a bad key fails here, in one line naming it
+        self.run = ShapingRun(load_shaping_config(shaping), NORMALIZATION)  # a bad key fails here, in one line
+        self.run.announce()
         self.loss_name, self.is_bounds, self.clip = loss, is_bounds, clip
 
     def advantages(self, rewards: list[float], lengths: torch.Tensor, group: int, step: int):
         """The core's result for the step's groups, the advantages and the rows that stay in the loss."""
         index = torch.arange(len(rewards)) // group
         batch = RolloutBatch(rewards=rewards, group_index=index, answer_lengths=lengths, loss_lengths=lengths)
-        result = shape_rollouts(batch, self.shaping, NORMALIZATION, step=step)
+        result = self.run.shape(batch, step)
+        self.run.log(step, records=self.run.coefficient_records(result, step))
         advantages = result.advantages
         if advantages is None:  # the coefficient off: this host normalizes the totals itself
             advantages = group_advantages(result.totals, result.raw, index, **vars(NORMALIZATION))

@@ -24,18 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from trl_length_plugin.shaping import (
-    GroupLayout,
-    LengthShapingConfig,
-    MetadataCache,
-    RolloutBatch,
-    measure_token_ids,
-    shape_rollouts,
-)
+from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_token_ids
 from trl_length_plugin.shaping.columns import METADATA_COLUMNS
-from trl_length_plugin.shaping.log import length_penalty_records
 from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.records import GroupRecord
+from trl_length_plugin.shaping.rows import metadata_entries, truncated_rows
+from trl_length_plugin.shaping.run import ShapingRun
 
 _HASH_BASES = (1_000_003, 998_244_353)
 
@@ -64,15 +58,10 @@ def prompt_fingerprints(prompts: torch.Tensor) -> list[tuple[int, int, int]]:
     return list(zip(lengths.tolist(), hashes[0].tolist(), hashes[1].tolist(), strict=True))
 
 
-def truncated_rows(
-    responses: torch.Tensor, max_response_length: int, stop_ids: Sequence[int]
-) -> torch.Tensor:
-    """Per row, whether the response hit ``data.max_response_length`` without ending on an end-of-sequence
-    (or pad) token (docs/reference/length-penalties.md §2.19)."""
+def last_tokens(responses: torch.Tensor) -> torch.Tensor:
+    """Each row's last response token (its first position when empty)."""
     ids, lengths = padded(responses).long(), row_lengths(responses)
-    last = ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)]
-    stops = torch.tensor([i for i in stop_ids if i is not None], dtype=torch.long)
-    return (lengths >= max_response_length) & ~torch.isin(last, stops)
+    return ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)]
 
 
 def check_single_output_sessions(keys: Sequence[str]) -> None:
@@ -138,7 +127,8 @@ class ShapedRows:
 
 
 class RolloutShaper:
-    """Shapes TransferQueue rows with the core; ``tokenizer`` is set once verl has built it.
+    """Shapes TransferQueue rows with the core's ``ShapingRun`` (``run``: its config, metadata cache by prompt
+    fingerprint, the shaping step); ``tokenizer`` is set once verl has built it.
 
     ``fetch(keys, fields)`` reads TransferQueue (``tq.kv_batch_get`` of a partition); groups shaped ahead of
     the advantage step (:meth:`shape_groups`) are kept by ``uid`` until :meth:`take` hands them out.
@@ -146,15 +136,16 @@ class RolloutShaper:
     (``data.max_response_length``) defines a truncated rollout (§2.19).
     """
 
-    def __init__(
-        self, config: LengthShapingConfig, tokenizer: Any = None, step: Callable[[], int] = lambda: 0
-    ):
-        self.config = config
+    def __init__(self, run: ShapingRun, tokenizer: Any = None, step: Callable[[], int] = lambda: 0):
+        self.run = run
         self.tokenizer = tokenizer
         self.step = step
-        self.metadata = MetadataCache()
         self._groups: dict[str, ShapedRows] = {}
         self.max_response_length: int | None = None
+
+    @property
+    def config(self) -> LengthShapingConfig:
+        return self.run.config
 
     @property
     def fields(self) -> list[str]:
@@ -186,10 +177,8 @@ class RolloutShaper:
             truncated=self._truncated(data),
             **(self._penalty_inputs(fetch, keys, data, agents, layout) if self.config.penalties_on else {}),
         )
-        result = shape_rollouts(batch, self.config, normalization=None, step=step)
-        lines = []
-        if result.coefficient is not None and result.coefficient.coeff != 0:
-            lines = length_penalty_records(result.coefficient, step, [f"step{step}/{uid}" for uid in uids])
+        result = self.run.shape(batch, step)
+        lines = self.run.coefficient_records(result, step, [f"step{step}/{uid}" for uid in uids])
         records = result.penalties.groups if result.penalties is not None else []
         for record in records:
             record.group = uids[record.rows[0]]
@@ -227,9 +216,13 @@ class RolloutShaper:
 
             def entries(new: list) -> list:
                 rows = [row_of[prompt] for prompt in new]
-                return list(RowMetadata(fetch(rows, [*METADATA_COLUMNS, "extra_info"]), np.arange(len(rows))))
+                data = fetch(rows, [*METADATA_COLUMNS, "extra_info"])
+                present = set(data.keys())  # a TensorDict refuses ``key in td``
+                columns = {key: list(data[key]) for key in METADATA_COLUMNS if key in present}
+                nested = list(data["extra_info"]) if "extra_info" in present else [None] * len(rows)
+                return metadata_entries(columns, len(rows), nested)
 
-            inputs["metadata"] = self.metadata.lookup(prompts, entries)
+            inputs["metadata"] = self.run.metadata.lookup(prompts, entries)
         return inputs
 
     def _truncated(self, data: Mapping) -> torch.Tensor | None:
@@ -240,7 +233,8 @@ class RolloutShaper:
         if self.max_response_length is None:
             raise ValueError("length_penalty.truncation needs data.max_response_length")
         stops = [self.tokenizer.eos_token_id, self.tokenizer.pad_token_id]
-        return truncated_rows(data["responses"], self.max_response_length, stops)
+        responses = data["responses"]
+        return truncated_rows(last_tokens(responses), row_lengths(responses), stops, self.max_response_length)
 
     def shape_groups(self, fetch: Callable, keys: Sequence[str]) -> ShapedRows:
         """Shape finished groups ahead of the advantage step and keep them by ``uid``."""
@@ -262,25 +256,3 @@ class RolloutShaper:
         if unseen:
             parts.append(self.shape(fetch, unseen))
         return ShapedRows.concat(parts).take(keys) if parts else self.shape(fetch, keys)
-
-
-class RowMetadata(Sequence):
-    """Per-row metadata mappings (reference §2.14), built lazily. Top-level dataset columns win over
-    ``extra_info``."""
-
-    def __init__(self, data: Mapping[str, Any], index: np.ndarray):
-        self.index = index
-        present = set(data.keys())  # a TensorDict refuses ``key in td``
-        self.columns = {key: list(data[key]) for key in METADATA_COLUMNS if key in present}
-        self.extra_info = list(data["extra_info"]) if "extra_info" in present else None
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitem__(self, i: int) -> dict[str, Any] | None:
-        row = int(self.index[i])
-        info = self.extra_info[row] if self.extra_info is not None else None
-        info = info if isinstance(info, Mapping) else {}
-        meta = {key: self.columns[key][row] if key in self.columns else None for key in METADATA_COLUMNS}
-        meta = {key: info.get(key) if value is None else value for key, value in meta.items()}
-        return meta if any(value is not None for value in meta.values()) else None

@@ -39,10 +39,7 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.workers.utils.padding import response_to_nested
 
-from trl_length_plugin.shaping.log import format_length_penalty, records_summary
-from trl_length_plugin.shaping.records import log_group_records
-from trl_length_plugin.shaping.schedule import coeff_at, resume_message, save_schedule_state
-from trl_length_plugin.shaping.settings import shaping_settings_lines
+from trl_length_plugin.shaping.run import ShapingRun
 
 from ._host import checkpoint_folder, resumed_checkpoint_folder
 from .length_advantage import raw_scores
@@ -96,13 +93,21 @@ class LengthShapingMixin:
     def __init__(self, config):
         check_luspo(config)
         self.length_shaping = shaping_config(config)
-        self.length_log_rollouts = log_rollouts(config)
-        self.length_shaper = RolloutShaper(self.length_shaping, step=lambda: self.global_steps)
+        self.length_run = ShapingRun(self.length_shaping, log_rollouts=log_rollouts(config))
+        self.length_shaper = RolloutShaper(self.length_run, step=lambda: self.global_steps)
         self.length_shaper.max_response_length = config.data.get("max_response_length")
         follow_verl_log_level()
-        for line in shaping_settings_lines(self.length_shaping):
-            logger.info(line)
+        self.length_run.announce()
         super().__init__(config)
+
+    @property
+    def length_log_rollouts(self) -> bool:
+        """``+length_penalty_log_rollouts``: one ``Length penalty:`` line per rollout (the run's setting)."""
+        return self.length_run.log_rollouts
+
+    @length_log_rollouts.setter
+    def length_log_rollouts(self, value: bool) -> None:
+        self.length_run.log_rollouts = value
 
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
@@ -122,17 +127,16 @@ class LengthShapingMixin:
         if self.length_shaping.enabled:
             folder = checkpoint_folder(self.config.trainer, self.global_steps)
             os.makedirs(folder, exist_ok=True)
-            save_schedule_state(self.length_shaping, self.global_steps, folder)
+            self.length_run.save(folder, self.global_steps)
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if not (self.length_shaping.enabled and self.global_steps):
             return
-        folder = resumed_checkpoint_folder(self.config.trainer, self.global_steps)
-        said = resume_message(self.length_shaping, self.global_steps, folder)
-        if said is not None:
-            (logger.warning if said[0] else logger.info)("trl-length-plugin: %s", said[1])
+        self.length_run.resume(
+            resumed_checkpoint_folder(self.config.trainer, self.global_steps), self.global_steps
+        )
 
     def _init_tokenizer(self):
         super()._init_tokenizer()
@@ -147,7 +151,7 @@ class LengthShapingMixin:
         real = ~np.array([tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
         rows = self._shaped_rows(batch, [key for key, keep in zip(batch.keys, real, strict=True) if keep])
         metrics.update(rows.metrics)
-        self._log(rows)
+        self.length_run.log(self.global_steps, rows.records, rows.lines)
 
         raw = padded(data["rm_scores"]).double().sum(-1)
         shaped, host_rows = raw.clone(), torch.zeros_like(raw, dtype=torch.bool)
@@ -175,21 +179,6 @@ class LengthShapingMixin:
             return tq.kv_batch_get(keys=rows, partition_id=batch.partition_id, select_fields=fields)
 
         return self.length_shaper.take(fetch, keys)
-
-    def _log(self, rows: ShapedRows) -> None:
-        """The verbose group records and the §3.4 lines of this training batch: one summary line, or one line
-        per rollout with ``length_penalty_log_rollouts``."""
-        block = self.length_shaping.penalties
-        if block is not None and block.verbose:
-            log_group_records(rows.records)
-        if not rows.lines or not logger.isEnabledFor(logging.INFO):
-            return
-        if not self.length_log_rollouts:
-            step = self.global_steps
-            logger.info(records_summary(rows.lines, coeff_at(self.length_shaping, step), step))
-            return
-        for line in rows.lines:
-            logger.info(format_length_penalty(line))
 
     @staticmethod
     def _put(batch: KVBatchMeta, **fields: torch.Tensor) -> KVBatchMeta:

@@ -97,6 +97,32 @@ def records_summary(records: Sequence[dict[str, Any]], coeff: float, step: int |
     )
 
 
+def log_records(
+    records: Sequence[dict[str, Any]],
+    coeff: float,
+    step: int | None = None,
+    jsonl: str | Path | None = None,
+    rollouts: bool = True,
+) -> None:
+    """Emit §3.4 records (``length_penalty_records``, possibly of several calls): with ``jsonl``, one JSON line
+    per rollout appended to that file (with ``step``); else INFO lines on ``trl_length_plugin``, one per
+    rollout (``rollouts``) or one summary line for the step."""
+    if jsonl is not None:
+        path = Path(jsonl)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as sink:
+            for record in records:
+                sink.write(json.dumps({"step": step, **record}) + "\n")
+        return
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    if not rollouts:
+        logger.info(records_summary(records, coeff, step))
+        return
+    for record in records:
+        logger.info(format_length_penalty(record))
+
+
 def log_length_coefficient(
     result: LengthCoefficientResult,
     *,
@@ -106,22 +132,7 @@ def log_length_coefficient(
     jsonl: str | Path | None = None,
     rollouts: bool = True,
 ) -> None:
-    """Emit the §3.4 records, main process only, nothing when the coefficient is 0: with ``jsonl``, one JSON
-    line per rollout appended to that file (with ``step``); else INFO lines on ``trl_length_plugin``, one
-    per rollout (``rollouts``) or one summary line for the step."""
+    """:func:`log_records` of one result's records, main process only, nothing when the coefficient is 0."""
     if not is_main_process or result.coeff == 0:
         return
-    if jsonl is not None:
-        path = Path(jsonl)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as sink:
-            for record in length_penalty_records(result, step, session_ids):
-                sink.write(json.dumps({"step": step, **record}) + "\n")
-        return
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    if not rollouts:
-        logger.info(length_penalty_summary(result, step))
-        return
-    for record in length_penalty_records(result, step, session_ids):
-        logger.info(format_length_penalty(record))
+    log_records(length_penalty_records(result, step, session_ids), result.coeff, step, jsonl, rollouts)

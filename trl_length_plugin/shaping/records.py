@@ -7,7 +7,6 @@ Built only when ``verbose`` is on, so the default path never loops over groups.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +14,9 @@ import torch
 
 from .agents import AgentParams
 from .batch import RolloutBatch
-from .config import LengthPenaltyParams
 from .correctness import GroupKinds
 from .groups import GroupLayout
-from .terms import outputs
-from .terms.profile_gate import GATE_REASONS
+from .terms import outputs, terms
 
 if TYPE_CHECKING:
     from .penalties import ShapingTrace
@@ -30,8 +27,9 @@ logger = logging.getLogger("trl_length_plugin")
 @dataclass
 class GroupRecord:
     """One prompt group: ``status`` is ``shaped``, ``disabled``, ``missing`` (a correctness reward is
-    missing) or ``non_binary``; ``gate`` holds the profile gate (``reason`` one of ``GATE_REASONS``) when
-    the agent enables it; ``terms`` maps each output of the registered rollout and additive terms
+    missing) or ``non_binary``; ``details`` holds what the terms' ``record`` said of the group, by entry
+    name in term order (the profile gate's line, the profiled threshold; each also reads as an attribute,
+    ``record.profiled_threshold``), and ``gate`` the gate term's entry; ``terms`` maps each output of the registered rollout and additive terms
     (``cosine``, ``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
     ``pass_rate``, ...) and ``band_multipliers`` each multiplier output (the band channels) to per-row values
     in row order (0, or 1, where the term did not run)."""
@@ -40,13 +38,23 @@ class GroupRecord:
     agent: str
     rows: list[int]
     status: str
-    gate: dict[str, Any] | None
-    profiled_threshold: float | None
+    details: dict[str, Any]
     rewards: list[float]
     lengths: dict[str, list[float]]
     terms: dict[str, list[float]]
     band_multipliers: dict[str, list[float]]
     shaped: list[float]
+
+    @property
+    def gate(self) -> dict[str, Any] | None:
+        """The gate term's entry (``reason`` among others), None when no gate acted on the group."""
+        return next((self.details[t.name] for t in terms("gate") if t.name in self.details), None)
+
+    def __getattr__(self, name: str) -> Any:
+        details = self.__dict__.get("details", {})
+        if name in details:
+            return details[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute or detail {name!r}")
 
 
 def _status(processed: bool, enabled: bool, missing: bool) -> str:
@@ -57,16 +65,15 @@ def _status(processed: bool, enabled: bool, missing: bool) -> str:
     return "missing" if missing else "non_binary"
 
 
-def _gate_info(params: LengthPenaltyParams, gate: dict[str, torch.Tensor], group: int) -> dict[str, Any]:
-    return {
-        "channel": params.group_length_penalty_profile_gate_channel,
-        "field": params.group_length_penalty_profile_gate_field,
-        "positive_only": params.group_length_penalty_profile_gate_positive_only,
-        "mean": float(gate["mean"][group]),
-        "limit": float(gate["limit"][group]),
-        "open": bool(gate["open"][group]),
-        "reason": GATE_REASONS[int(gate["reason"][group])],
-    }
+def _details(params: Any, trace: ShapingTrace, group: int, shaped: bool) -> dict[str, Any]:
+    """What each term that kept per-group values says of ``group`` (its ``record``), in term order."""
+    details = {}
+    for term in terms():
+        values = trace.groups.get(term.name)
+        if term.record is not None and values is not None:
+            at = {key: float(value[group]) for key, value in values.items()}
+            details.update(term.record(params, at, shaped))
+    return details
 
 
 def _row_columns(batch: RolloutBatch, trace: ShapingTrace, shaped: torch.Tensor) -> dict[str, dict]:
@@ -95,11 +102,9 @@ def build_records(
     trace: ShapingTrace,
     shaped: torch.Tensor,
 ) -> list[GroupRecord]:
-    """One record per group, groups in order of first appearance, from the engine's ``trace``: the profile
-    gate's per-group values (``limit``, ``open``, ``mean``, ``reason``) and the profiled ``threshold``."""
+    """One record per group, groups in order of first appearance, from the engine's ``trace``: the terms'
+    per-group values through their ``record``."""
     layout = batch.layout
-    gate = trace.groups.get("profile_gate")
-    profiled_threshold = trace.groups.get("profiled", {}).get("threshold")
     order = torch.argsort(layout.gid * layout.num_rows + torch.arange(layout.num_rows)).tolist()
     starts = (torch.cumsum(layout.sizes, 0) - layout.sizes).tolist()
     ids = batch.group_index
@@ -107,23 +112,19 @@ def build_records(
     ids = ids.tolist() if hasattr(ids, "tolist") else ids
     rewards, shaped_values = batch.rewards.tolist(), shaped.tolist()
     columns = _row_columns(batch, trace, shaped)
-    gate_on, enabled = params["group_length_penalty_profile_gate"].tolist(), params["enabled"]
+    enabled = params["enabled"]
     records = []
     for group, size in enumerate(layout.sizes.tolist()):
         rows = order[starts[group] : starts[group] + size]
         code = int(params.codes[group])
         status = _status(bool(processed[group]), bool(enabled[group]), bool(kinds.missing[group]))
-        threshold = math.nan if profiled_threshold is None else float(profiled_threshold[group])
         records.append(
             GroupRecord(
                 group=ids[rows[0]],
                 agent=params.names[code],
                 rows=rows,
                 status=status,
-                gate=_gate_info(params.params[code], gate, group)
-                if gate_on[group] and status == "shaped"
-                else None,
-                profiled_threshold=None if threshold != threshold else threshold,
+                details=_details(params.params[code], trace, group, status == "shaped"),
                 rewards=[rewards[i] for i in rows],
                 shaped=[shaped_values[i] for i in rows],
                 **{
@@ -138,15 +139,11 @@ def build_records(
 def format_group_record(record: GroupRecord) -> str:
     """A multi-line text of one record: the group line, the gate line, one line per rollout."""
     lines = [f"length_penalty group={record.group} agent={record.agent} status={record.status}"]
-    if record.gate is not None:
-        gate = record.gate
-        lines.append(
-            f"  profile_gate channel={gate['channel']} field={gate['field']} "
-            f"positive_only={gate['positive_only']} mean={gate['mean']} limit={gate['limit']} "
-            f"open={gate['open']} reason={gate['reason']}"
-        )
-    if record.profiled_threshold is not None:
-        lines.append(f"  profiled_threshold={record.profiled_threshold}")
+    for name, value in record.details.items():
+        if isinstance(value, dict):
+            lines.append(f"  {name} " + " ".join(f"{key}={item}" for key, item in value.items()))
+        elif value is not None:
+            lines.append(f"  {name}={value}")
     for k, row in enumerate(record.rows):
         lengths = " ".join(f"{name}_len={values[k]:g}" for name, values in record.lengths.items())
         terms = " ".join(f"{name}={values[k]:+.4f}" for name, values in record.terms.items() if values[k])

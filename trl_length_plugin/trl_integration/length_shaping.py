@@ -29,12 +29,9 @@ from dataclasses import dataclass
 import torch
 from trl.trainer.utils import get_callable_name
 
-from trl_length_plugin.shaping import ShapingResult, shape_rollouts
-from trl_length_plugin.shaping.log import log_length_coefficient
+from trl_length_plugin.shaping import ShapingResult
 from trl_length_plugin.shaping.normalization import trl_normalization
-from trl_length_plugin.shaping.records import log_group_records
-from trl_length_plugin.shaping.schedule import resume_message, save_schedule_state
-from trl_length_plugin.shaping.settings import shaping_settings_lines
+from trl_length_plugin.shaping.run import ShapingRun
 from trl_length_plugin.trl_integration import _host
 from trl_length_plugin.trl_integration.callback import check_schedule_name
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig
@@ -106,8 +103,9 @@ class _ShapingStep:
 
 
 class LengthShapingMixin:
-    """The trainer side of length shaping; in front of ``GRPOTrainer`` in the MRO. ``_shaping`` is the
-    config's ``LengthShapingConfig`` (not enabled: every hook passes through)."""
+    """The trainer side of length shaping; in front of ``GRPOTrainer`` in the MRO. ``_run`` is the core's
+    ``ShapingRun`` of the config's ``LengthShapingConfig``, ``_shaping`` (not enabled: every hook passes
+    through)."""
 
     _length_step: _ShapingStep | None = None
 
@@ -119,7 +117,8 @@ class LengthShapingMixin:
         example is checked here, or for a streaming dataset (no length, no indexing) when it arrives in the
         first training batch (reference §2.14)."""
         self._shaping = args.shaping
-        self._metadata = RowMetadata()
+        self._run = ShapingRun(self._shaping)
+        self._metadata = RowMetadata(self._run.metadata)
         self._unchecked_example = False
         if not self._shaping.enabled:
             return
@@ -173,9 +172,10 @@ class LengthShapingMixin:
         self.reward_processing_classes.append(None)
         self.reward_weights = torch.cat([self.reward_weights, torch.ones(1)])
         log_file = args.length_penalty_log_file
-        self._log_file = None if log_file is None else os.path.join(args.output_dir, log_file)
-        for line in shaping_settings_lines(self._shaping):
-            logger.info(line)
+        self._run.normalization = trl_normalization(self.scale_rewards)
+        self._run.log_file = None if log_file is None else os.path.join(args.output_dir, log_file)
+        self._run.log_rollouts = args.length_penalty_log_rollouts
+        self._run.announce()
 
     # -- schedules (callback.py) ------------------------------------------------------------------------
     def set_length_schedule(self, name: str, value: float) -> None:
@@ -237,23 +237,10 @@ class LengthShapingMixin:
             device=self.accelerator.device,
             truncated=self._truncated(completion_ids_list),
         )
-        result = shape_rollouts(
-            batch,
-            shaping,
-            trl_normalization(self.scale_rewards),
-            step=self.state.global_step,
-            shaping_weight=float(self.reward_weights[self._penalty_column]),
-        )
-        if result.penalties is not None:
-            log_group_records(result.penalties.groups, is_main_process=main)
-        if result.coefficient is not None:
-            log_length_coefficient(
-                result.coefficient,
-                step=self.state.global_step,
-                is_main_process=main,
-                jsonl=self._log_file,
-                rollouts=self.args.length_penalty_log_rollouts,
-            )
+        step = self.state.global_step
+        result = self._run.shape(batch, step, shaping_weight=float(self.reward_weights[self._penalty_column]))
+        groups = result.penalties.groups if result.penalties is not None else []
+        self._run.log(step, groups, self._run.coefficient_records(result, step), is_main_process=main)
         for key, value in result.metrics.items():
             self._metrics["train"][key].append(value)
         return result
@@ -274,9 +261,8 @@ class LengthShapingMixin:
         else:
             lengths = torch.tensor([len(ids) for ids in completion_ids_list], dtype=torch.float64)
         if self.mask_truncated_completions:
-            ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
-            finished = torch.tensor([bool(ids) and ids[-1] in ends for ids in completion_ids_list])
-            lengths = lengths * finished
+            ends = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+            lengths = lengths * ~truncated_flags(completion_ids_list, ends)
         return lengths
 
     def _generate_and_score_completions(self, inputs):
@@ -334,11 +320,9 @@ class LengthShapingMixin:
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self._shaping.enabled and self.args.should_save:
-            save_schedule_state(self._shaping, self.state.global_step, _host.checkpoint_folder(self, trial))
+            self._run.save(_host.checkpoint_folder(self, trial), self.state.global_step)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self._shaping.enabled and checkpoint is not None:
-            said = resume_message(self._shaping, self.state.global_step, checkpoint)
-            if said is not None:
-                (logger.warning if said[0] else logger.info)(said[1])
+            self._run.resume(checkpoint, self.state.global_step)

@@ -42,11 +42,10 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather
 
-from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig, shape_rollouts
+from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig
 from trl_length_plugin.shaping.columns import AGENT_COLUMN
 from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
-from trl_length_plugin.shaping.records import log_group_records
-from trl_length_plugin.shaping.settings import shaping_settings_lines
+from trl_length_plugin.shaping.run import ShapingRun
 from trl_length_plugin.trl_integration.callback import check_schedule_name
 from trl_length_plugin.trl_integration.model_card import LengthCardCallback, wrapper_card
 from trl_length_plugin.trl_integration.rollouts import (
@@ -114,9 +113,9 @@ class LengthPenaltyReward:
         self.model = None
         self._checked_nesting = False
         self._checked_args = False
-        self._metadata = RowMetadata()
-        for line in shaping_settings_lines(config):
-            logger.info("%s (reward wrapper)", line)
+        self._run = ShapingRun(config)  # no normalization: the stock trainer's advantages
+        self._metadata = RowMetadata(self._run.metadata)
+        self._run.announce(" (reward wrapper)")
 
     @property
     def config(self) -> LengthPenaltyConfig:
@@ -222,8 +221,8 @@ class LengthPenaltyReward:
         )
         trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
         step = 0 if trainer_state is None else trainer_state.global_step
-        result = shape_rollouts(batch, self.shaping, None, step=step)  # the stock trainer's advantages
-        log_group_records(result.penalties.groups, is_main_process=state.is_main_process)
+        result = self._run.shape(batch, step)
+        self._run.log(step, result.penalties.groups, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():
                 log_metric(key, value)

@@ -12,10 +12,8 @@ run before the gather. The gathered batch is in sampler order, so its groups are
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import pickle
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -27,6 +25,7 @@ from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutB
 from trl_length_plugin.shaping.columns import METADATA_COLUMNS, METADATA_KEYS, PROFILE_BAND
 from trl_length_plugin.shaping.config import BAND_CHANNELS
 from trl_length_plugin.shaping.metadata import MetadataCache, PromptMetadata
+from trl_length_plugin.shaping.rows import entry_key, metadata_entries, truncated_rows
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -68,22 +67,14 @@ def consecutive_groups(rows: int, num_generations: int) -> GroupLayout:
     return GroupLayout(torch.arange(rows) // num_generations)
 
 
-def entry_key(entry: Any) -> Hashable:
-    """A row's metadata entry as a cache key: a 128-bit BLAKE2 digest of its pickle, so equal entries share
-    a key whatever row, prompt or position they come from; an unpicklable entry gets a key of its own."""
-    try:
-        return hashlib.blake2b(pickle.dumps(entry, protocol=5), digest_size=16).digest()
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return object()
-
-
 class RowMetadata:
-    """Per-prompt metadata read from the rows each rank holds, parsed once per distinct entry
-    (``MetadataCache`` by ``entry_key``, reference §2.14). Only the parsed table crosses processes, as float64
-    columns of the batch's one gather; no row index or row count is needed, so streaming datasets work."""
+    """Per-prompt metadata read from the rows each rank holds, parsed once per distinct entry into ``cache``
+    (the run's ``MetadataCache``, keyed by ``entry_key``, reference §2.14). Only the parsed table crosses
+    processes, as float64 columns of the batch's one gather; no row index or row count is needed, so
+    streaming datasets work."""
 
-    def __init__(self):
-        self.cache = MetadataCache()
+    def __init__(self, cache: MetadataCache | None = None):
+        self.cache = MetadataCache() if cache is None else cache
 
     def local_columns(self, entries: Sequence[Any]) -> torch.Tensor:
         """(rows, sum(PARSED_WIDTHS)) float64: each local row's parsed entry, flattened."""
@@ -120,11 +111,7 @@ class LocalRollouts:
     ) -> LocalRollouts:
         """From reward-function kwargs or TRL inputs: one list per dataset column."""
         agents = list(columns[agent_column]) if agent_column in columns else None
-        present = [key for key in METADATA_COLUMNS if key in columns]
-        metadata = None
-        if present:
-            metadata = [{key: columns[key][i] for key in present} for i in range(len(completions))]
-        return cls(completions, agents, metadata)
+        return cls(completions, agents, metadata_entries(columns, len(completions)))
 
     @classmethod
     def from_inputs(cls, completions: Sequence[Any], inputs: Sequence[Mapping[str, Any]], agent_column: str):
@@ -137,9 +124,11 @@ class LocalRollouts:
 
 def truncated_flags(completion_ids: Sequence[Sequence[int]], stop_ids: Sequence[int]) -> torch.Tensor:
     """Per local row, whether the completion is truncated: its last token is not an end-of-sequence or pad
-    token (TRL's own ``is_truncated`` rule; docs/reference/length-penalties.md §2.19)."""
-    stops = set(stop_ids)
-    return torch.tensor([bool(ids) and int(ids[-1]) not in stops for ids in completion_ids], dtype=torch.bool)
+    token (the core's rule without a length limit, TRL's own ``is_truncated``; docs/reference/length-penalties.md
+    §2.19)."""
+    lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.long)
+    last = torch.tensor([int(ids[-1]) if len(ids) else -1 for ids in completion_ids], dtype=torch.long)
+    return truncated_rows(last, lengths, stop_ids)
 
 
 def gathered_batch(

@@ -10,7 +10,9 @@ way (docs/write-a-term.md). A term declares:
 - ``kind`` and ``order``, its place in the §2.6 order; ``outputs``, its per-row values (the verbose records'
   columns); ``metrics``: its per-row metric values, derived from what it returned;
 - ``metadata``: the per-prompt columns it reads (§2.14), and ``prepare``: its per-group inputs, built once
-  per batch from the agents' parameters and the merged metadata (``TermInputs.prepared``).
+  per batch from the agents' parameters and the merged metadata (``TermInputs.prepared``);
+- ``record``: what the verbose record of one group says of it (§2.15), from the agent's parameters, the
+  group's ``prepare`` values (a gate's outputs too) and whether the group was shaped.
 
 Per bucket of groups the engine runs:
 
@@ -119,6 +121,9 @@ class TermInputs:
 
 
 Compute = Callable[["GroupView", TermInputs], "dict[str, torch.Tensor]"]
+#: ``record(params, values, shaped)``: a group's record entries, ``{name: value}`` (a mapping value is one
+#: line of ``key=value`` pairs, anything else ``name=value``; None is left out)
+Record = Callable[[Any, "dict[str, float]", bool], "dict[str, Any]"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class Term:
     metrics: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
     check: Callable[[Mapping[str, Any], set[str]], list[str]] | None = None
     turned_on: Callable[[GroupView], torch.Tensor] | None = None
+    record: Record | None = None
 
     def used_by(self, params: AgentParams) -> bool:
         """Whether some agent of the batch sets one of the term's switches."""
@@ -170,6 +176,7 @@ def register_term(
     metrics: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
     check: Callable[[Mapping[str, Any], set[str]], list[str]] | None = None,
     turned_on: Callable[[GroupView], torch.Tensor] | None = None,
+    record: Record | None = None,
 ) -> Callable[[Compute], Compute]:
     """Decorator registering ``compute(view, inputs) -> {output: tensor}`` as a length term (see the module
     docstring for what each declaration means); ``outputs`` defaults to ``(name,)``."""
@@ -184,7 +191,7 @@ def register_term(
         taken = set(parameters) & set(_KEYS)
         if taken:
             raise ValueError(f"length term {name!r}: key {sorted(taken)[0]!r} belongs to another term")
-        declared = (metadata, prepare, metrics, check, turned_on)
+        declared = (metadata, prepare, metrics, check, turned_on, record)
         _REGISTRY[name] = Term(
             name, kind, order, dict(parameters), switches, outputs or (name,), compute, *declared
         )

@@ -7,7 +7,7 @@ limit or no rows to average. A closed gate zeroes only the group-relative terms 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..fields import CHANNELS, Channel
 from . import Parameter, register_term
@@ -46,6 +46,23 @@ def gate_limits(params: AgentParams, meta: GroupMetadata) -> dict[str, torch.Ten
     return {"limit": stacked[torch.arange(stacked.shape[0]), channel, field]}
 
 
+def gate_record(params: Any, values: dict[str, float], shaped: bool) -> dict[str, Any]:
+    """The gate's line of a shaped group whose agent gates (§2.15)."""
+    if not (shaped and params.group_length_penalty_profile_gate):
+        return {}
+    return {
+        "profile_gate": {
+            "channel": params.group_length_penalty_profile_gate_channel,
+            "field": params.group_length_penalty_profile_gate_field,
+            "positive_only": params.group_length_penalty_profile_gate_positive_only,
+            "mean": values["mean"],
+            "limit": values["limit"],
+            "open": bool(values["open"]),
+            "reason": GATE_REASONS[int(values["reason"])],
+        }
+    }
+
+
 @register_term(
     "profile_gate",
     kind="gate",
@@ -55,6 +72,7 @@ def gate_limits(params: AgentParams, meta: GroupMetadata) -> dict[str, torch.Ten
     outputs=("open", "mean", "reason"),
     metadata=("bands",),
     prepare=gate_limits,
+    record=gate_record,
 )
 def profile_gate(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     """``open``, ``mean`` and ``reason`` (an index into ``GATE_REASONS``) per group; a group whose agent has

@@ -7,7 +7,8 @@ terms before it sum to >= 0 on that row: it reads the running adjustment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 from ..fields import Bounded, NonNegative, PositiveCount
 from . import Parameter, register_term
@@ -38,6 +39,11 @@ def profiled_thresholds(params: AgentParams, meta: GroupMetadata) -> dict[str, t
     }
 
 
+def threshold_record(params: Any, values: dict[str, float], shaped: bool) -> dict[str, Any]:
+    """The group's threshold, when its prompt has one (§2.15)."""
+    return {} if math.isnan(values["threshold"]) else {"profiled_threshold": values["threshold"]}
+
+
 @register_term(
     "profiled",
     kind="additive",
@@ -46,6 +52,7 @@ def profiled_thresholds(params: AgentParams, meta: GroupMetadata) -> dict[str, t
     switches=("profiled_length_penalty",),
     metadata=("profiles",),
     prepare=profiled_thresholds,
+    record=threshold_record,
 )
 def profiled(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     from ..groups import weights
