@@ -78,7 +78,9 @@ class PlainHost:
     """The loop's plugin side: the config checked before the model is used, then one call per step."""
 
     def __init__(self, shaping: dict, loss: str, is_bounds: tuple[float, float], clip=(0.2, 0.28)):
-        self.run = ShapingRun(load_shaping_config(shaping), NORMALIZATION)  # a bad key fails here, in one line
+        self.run = ShapingRun(
+            load_shaping_config(shaping), NORMALIZATION
+        )  # a bad key fails here, in one line
         self.run.announce()
         self.loss_name, self.is_bounds, self.clip = loss, is_bounds, clip
 

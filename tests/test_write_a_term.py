@@ -1,6 +1,7 @@
 """docs/write-a-term.md: a term registered from outside the package runs in the §2.6 order with its own
 key, its outputs in the verbose records and its metric in the metrics, and leaves when unregistered
-(docs/reference/length-penalties.md §2.6, §2.15)."""
+(docs/reference/length-penalties.md §2.6, §2.15); a term with a per-prompt column of its own gets it through
+every host's row builder, the run's cache and the engine (§2.14)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,18 @@ from trl_length_plugin.shaping import (
 )
 from trl_length_plugin.shaping import terms as terms_package
 from trl_length_plugin.shaping.fields import NonNegative
+from trl_length_plugin.shaping.metadata import MetadataCache
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
-from trl_length_plugin.shaping.terms import Parameter, register_term, terms, unregister_term
+from trl_length_plugin.shaping.rows import metadata_entries
+from trl_length_plugin.shaping.terms import (
+    Parameter,
+    PromptColumn,
+    metadata_columns,
+    register_term,
+    terms,
+    unregister_term,
+)
+from trl_length_plugin.trl_integration.rollouts import RowMetadata
 
 # -- the toy term: each correct row loses toy_tax per unit of its total length -----------------------------
 PARAMETERS = {"toy_tax": Parameter(NonNegative, 0.0, "the loss per unit of total length of a correct row")}
@@ -103,3 +114,97 @@ def test_every_module_of_the_package_is_a_term():
     modules = {module.name for module in pkgutil.iter_modules(terms_package.__path__)}
     assert {term.compute.__module__.rsplit(".", 1)[-1] for term in terms()} == modules
     assert len(terms()) == len(modules) == 12
+
+
+# -- a term with per-prompt data of its own: each correct row beyond its prompt's budget loses a penalty -----
+BUDGET_PARAMETERS = {
+    "toy_budget_penalty": Parameter(NonNegative, 0.0, "the loss of a correct row over budget")
+}
+
+
+def toy_budget_value(value):
+    """A budget is a positive number of tokens (a bool, a string or a non-positive number is malformed)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"not a budget: {value!r}")
+    return float(value)
+
+
+def toy_budget_prepare(params, meta):
+    return {"budget": meta.columns["toy_budget"][:, 0]}
+
+
+def toy_budget(view, inputs):
+    over = view.positive & (view.lengths["total"] > inputs.prepared["budget"])
+    return {"toy_budget": -view.p("toy_budget_penalty") * over}
+
+
+@pytest.fixture
+def budget_term():
+    register_term(
+        "toy_budget",
+        kind="additive",
+        order=11,
+        parameters=BUDGET_PARAMETERS,
+        switches=("toy_budget_penalty",),
+        columns=(PromptColumn("toy_budget", toy_budget_value, "docs/write-a-term.md"),),
+        prepare=toy_budget_prepare,
+    )(toy_budget)
+    yield
+    unregister_term("toy_budget")
+
+
+def budget_batch(budgets) -> RolloutBatch:
+    """Two groups of three (total lengths 10, 20, 30; the last row wrong), one budget entry per prompt."""
+    rows = [{"toy_budget": budget} for budget in budgets for _ in range(3)]
+    return batch_of_two(metadata=rows)
+
+
+def batch_of_two(**extra) -> RolloutBatch:
+    one = batch()
+    return RolloutBatch(
+        one.rewards.repeat(2),
+        torch.tensor([0, 0, 0, 1, 1, 1]),
+        one.reasoning_lengths.repeat(2),
+        one.answer_lengths.repeat(2),
+        **extra,
+    )
+
+
+def test_a_term_reads_its_own_prompt_column(budget_term, caplog):
+    config = load_shaping_config({"length_penalty": {"default": {"toy_budget_penalty": 0.5}}})
+    assert config.length_penalty.uses_metadata and "toy_budget" in metadata_columns()
+    result = shape_rollouts(budget_batch([15, 25]), config, TRL_NORMALIZATION)
+    assert result.rewards.tolist() == [1.0, 0.5, 0.0, 1.0, 1.0, 0.0]  # 20 > 15; nothing exceeds 25
+    malformed = shape_rollouts(budget_batch(["ten", None]), config, TRL_NORMALIZATION)
+    assert malformed.rewards.tolist() == [1.0, 1.0, 0.0] * 2  # no budget: no penalty, and nothing raised
+    assert malformed.metrics["length_penalty/invalid_metadata_frac"] == pytest.approx(0.5)
+    assert "malformed toy_budget metadata" in caplog.text
+
+
+def test_the_hosts_row_builders_and_the_cache_carry_a_term_column(budget_term):
+    """verl's and TRL's row builders read the column (top level, else ``extra_info``); the run's cache parses
+    each prompt once; TRL's gather codec carries the parsed values."""
+    entries = metadata_entries({"toy_budget": [15, None]}, 2, [None, {"toy_budget": 25}])
+    assert [entry["toy_budget"] for entry in entries] == [15, 25]
+    cache = MetadataCache()
+    table = cache.lookup(["a", "b", "a"], lambda new: [{"toy_budget": 15}, {"toy_budget": -1}])
+    assert table.columns["toy_budget"][:, 0].tolist()[::2] == [15.0, 15.0] and table.invalid[1, -1]
+    codec = RowMetadata(cache)
+    gathered = RowMetadata.from_columns(codec.local_columns([{"toy_budget": 25}, {"toy_budget": "x"}]))
+    assert gathered.columns["toy_budget"][0].tolist() == [25.0] and gathered.invalid[:, -1].tolist() == [
+        False,
+        True,
+    ]
+
+
+def test_an_unregistered_column_is_not_read():
+    assert "toy_budget" not in metadata_columns()
+    with pytest.raises(ValueError, match="must be new dataset column names"):
+        register_term(
+            "toy_band",
+            kind="additive",
+            order=12,
+            parameters={},
+            switches=(),
+            columns=(PromptColumn("profile_band", toy_budget_value, "§2.12"),),
+        )(toy_budget)

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_token_ids
-from trl_length_plugin.shaping.columns import METADATA_COLUMNS
 from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.records import GroupRecord
 from trl_length_plugin.shaping.rows import metadata_entries, truncated_rows
 from trl_length_plugin.shaping.run import ShapingRun
+from trl_length_plugin.shaping.terms import metadata_columns
 
 _HASH_BASES = (1_000_003, 998_244_353)
 
@@ -216,9 +216,9 @@ class RolloutShaper:
 
             def entries(new: list) -> list:
                 rows = [row_of[prompt] for prompt in new]
-                data = fetch(rows, [*METADATA_COLUMNS, "extra_info"])
+                data = fetch(rows, [*metadata_columns(), "extra_info"])
                 present = set(data.keys())  # a TensorDict refuses ``key in td``
-                columns = {key: list(data[key]) for key in METADATA_COLUMNS if key in present}
+                columns = {key: list(data[key]) for key in metadata_columns() if key in present}
                 nested = list(data["extra_info"]) if "extra_info" in present else [None] * len(rows)
                 return metadata_entries(columns, len(rows), nested)
 

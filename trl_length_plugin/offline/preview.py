@@ -23,12 +23,12 @@ import torch
 from trl_length_plugin.offline.rollouts import Rollout, RolloutReader, channel_lengths
 from trl_length_plugin.offline.tables import columns
 from trl_length_plugin.shaping import GroupNormalization, LengthShapingConfig, RolloutBatch, shape_rollouts
-from trl_length_plugin.shaping.columns import METADATA_COLUMNS
 from trl_length_plugin.shaping.config import DEFAULT_AGENT
 from trl_length_plugin.shaping.correctness import classify_groups
 from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.normalization import group_advantages
 from trl_length_plugin.shaping.pipeline import ShapingResult
+from trl_length_plugin.shaping.terms import metadata_columns
 from trl_length_plugin.shaping.terms.profile_gate import GATE_REASONS
 
 DELTA_QUANTILES = {"min": 0.0, "p10": 0.1, "p50": 0.5, "p90": 0.9, "max": 1.0}
@@ -51,7 +51,7 @@ class PromptTable:
             for key in pair:
                 if key is not None:
                     self.index.setdefault(key, row)
-        self.columns = columns(dataset, METADATA_COLUMNS)
+        self.columns = columns(dataset, metadata_columns())
         self.agents = columns(dataset, (agent_column,)).get(agent_column)
 
     def metadata(self, row: int) -> dict[str, Any] | None:
@@ -84,7 +84,7 @@ def _agent(rollout: Rollout, prompts: PromptTable | None, agent_column: str) -> 
 def _metadata(rollout: Rollout, prompts: PromptTable | None) -> dict[str, Any] | None:
     if prompts is not None:
         return prompts.metadata(prompts.index[rollout.key])
-    entry = {name: rollout.row[name] for name in METADATA_COLUMNS if rollout.row.get(name) is not None}
+    entry = {name: rollout.row[name] for name in metadata_columns() if rollout.row.get(name) is not None}
     return entry or None
 
 

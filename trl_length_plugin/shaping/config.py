@@ -184,10 +184,10 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
 
     @property
     def uses_metadata(self) -> bool:
-        """Whether some agent reads per-prompt metadata (a gate, a band, the profiled penalty or the target
-        length, §2.14, §2.20)."""
+        """Whether some agent reads per-prompt metadata (a gate, a band, the profiled penalty, the target
+        length or a term column, §2.14, §2.20)."""
         params = [self.default, *(o for o in (self.agent_overrides or {}).values() if o is not None)]
-        switches = [key for term in terms() if term.metadata for key in term.switches]
+        switches = [key for term in terms() if term.metadata or term.columns for key in term.switches]
         return bool(self.global_bands) or any(
             switched_on(getattr(p, key)) for p in params for key in switches
         )

@@ -4,7 +4,9 @@
 :func:`parse_prompt_metadata` turns per-prompt entries (mappings with ``profiled_rewards``,
 ``profiled_output_lengths``, ``profile_band``, ``target_length``; any may be missing) into a
 :class:`PromptMetadata` table of tensors; :class:`MetadataCache` keeps that table by prompt key, so a host parses each prompt once per run;
-:func:`merge_group_metadata` merges a group's entry over the config's global bands.
+:func:`merge_group_metadata` merges a group's entry over the config's global bands. A term's own columns
+(``terms.PromptColumn``) are parsed here too, entry by entry with the term's parser, and kept beside the
+core's parts (``PromptMetadata.columns``).
 
 A malformed entry is flagged in ``PromptMetadata.invalid`` (the caller warns and counts it) and never
 raises. Malformed (reference §2.12, §2.14):
@@ -30,8 +32,8 @@ from __future__ import annotations
 import math
 import numbers
 import struct
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import is_not
 from typing import Any
@@ -49,6 +51,7 @@ from .columns import (
     TARGET,
 )
 from .config import BAND_CHANNELS, MAX_LENGTH, ProfileBandChannel
+from .terms import PromptColumn, metadata_keys, prompt_columns
 from .threads import single_threaded
 
 _BAND_KEYS = frozenset(BAND_CHANNELS)
@@ -61,22 +64,25 @@ class PromptMetadata:
 
     ``bands`` (P, channel, 3): ``a, b, f`` per ``BAND_CHANNELS`` channel, NaN where absent or malformed;
     ``profiled`` (P, 3): count, sum and sum of squares of the passing profiled lengths (count 0: none);
-    ``invalid`` (P, len(METADATA_KEYS)) bool: what was malformed; ``target`` (P,): the target length
-    (§2.20), NaN where absent or malformed.
+    ``invalid`` (P, len(metadata_keys())) bool: what was malformed; ``target`` (P,): the target length
+    (§2.20), NaN where absent or malformed; ``columns``: each term column (P, width), NaN where absent or
+    malformed.
     """
 
     bands: torch.Tensor
     profiled: torch.Tensor
     invalid: torch.Tensor
     target: torch.Tensor
+    columns: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, n: int) -> PromptMetadata:
         return cls(
             torch.full((n, len(BAND_CHANNELS), 3), math.nan, dtype=torch.float64),
             torch.zeros((n, 3), dtype=torch.float64),
-            torch.zeros((n, len(METADATA_KEYS)), dtype=torch.bool),
+            torch.zeros((n, len(metadata_keys())), dtype=torch.bool),
             torch.full((n,), math.nan, dtype=torch.float64),
+            {c.name: torch.full((n, c.width), math.nan, dtype=torch.float64) for c in prompt_columns()},
         )
 
     def __len__(self) -> int:
@@ -85,7 +91,11 @@ class PromptMetadata:
     def take(self, index: torch.Tensor) -> PromptMetadata:
         """The rows ``index`` (e.g. each group's prompt)."""
         return PromptMetadata(
-            self.bands[index], self.profiled[index], self.invalid[index], self.target[index]
+            self.bands[index],
+            self.profiled[index],
+            self.invalid[index],
+            self.target[index],
+            {name: values[index] for name, values in self.columns.items()},
         )
 
 
@@ -93,7 +103,8 @@ class PromptMetadata:
 class GroupMetadata:
     """Per-group tensors the algorithms read: ``bands[channel]`` (G, 3) merged over the global defaults
     (NaN rows: no band); the passing profiled lengths' count, sum and sum of squares; the target length
-    (NaN: none); ``invalid[key]`` (G,) for the parts the config reads."""
+    (NaN: none); ``invalid[key]`` (G,) for the parts the config reads; ``columns``: the term columns read
+    (G, width)."""
 
     bands: dict[str, torch.Tensor]
     profiled_count: torch.Tensor
@@ -101,6 +112,7 @@ class GroupMetadata:
     profiled_sum_sq: torch.Tensor
     invalid: dict[str, torch.Tensor]
     target: torch.Tensor
+    columns: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def profiled_threshold(self, n_std: torch.Tensor, min_samples: torch.Tensor) -> torch.Tensor:
         """mean + n_std * sample std of the passing profiled lengths, NaN below ``min_samples`` (§2.10).
@@ -122,9 +134,11 @@ def merge_group_metadata(
     read_bands: bool = True,
     read_profiles: bool = True,
     read_target: bool = True,
+    read_columns: Collection[str] = (),
 ) -> GroupMetadata:
     """Each group's bands merged over ``global_bands`` per channel (the row's channel wins, §2.12); only
-    the parts asked for are read (and flagged). ``prompts`` holds one row per group, or None."""
+    the parts asked for are read (and flagged), term columns by name. ``prompts`` holds one row per group,
+    or None."""
     prompts = PromptMetadata.empty(num_groups) if prompts is None else prompts
     bands, invalid = {}, {}
     for i, channel in enumerate(BAND_CHANNELS):
@@ -135,13 +149,16 @@ def merge_group_metadata(
         )
         absent = torch.isnan(own[:, :1])
         bands[channel] = torch.where(absent, torch.tensor(default, dtype=torch.float64), own)
-    for column, key in enumerate(METADATA_KEYS):
-        read = {PROFILED: read_profiles, TARGET: read_target}.get(key, read_bands)
+    reads = {PROFILED: read_profiles, TARGET: read_target, **dict.fromkeys(prompts.columns, False)}
+    reads.update(dict.fromkeys(read_columns, True))
+    for column, key in enumerate(metadata_keys()):
+        read = reads.get(key, read_bands)
         invalid[key] = prompts.invalid[:, column] if read else torch.zeros(num_groups, dtype=torch.bool)
+    columns = {name: prompts.columns[name] for name in read_columns}
     profiled = prompts.profiled if read_profiles else torch.zeros((num_groups, 3), dtype=torch.float64)
     count, total, total_sq = profiled.unbind(1)
     target = prompts.target if read_target else torch.full((num_groups,), math.nan, dtype=torch.float64)
-    return GroupMetadata(bands, count.long(), total, total_sq, invalid, target)
+    return GroupMetadata(bands, count.long(), total, total_sq, invalid, target, columns)
 
 
 # -- per-entry parsers: what is valid ----------------------------------------------------------------------
@@ -372,6 +389,24 @@ def _unknown_channels(blocks: list[Any]) -> np.ndarray:
     )
 
 
+def _term_column(column: PromptColumn, values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(n, width) values of a term column (NaN where absent or malformed) and (n,) malformed flags: each
+    present entry through the term's parser; an error, a wrong count or a non-finite number flags it."""
+    parsed = np.full((len(values), column.width), math.nan)
+    bad = np.zeros(len(values), dtype=bool)
+    for i in np.flatnonzero(_given(values)):
+        try:
+            numbers = np.asarray(column.parse(values[i]), dtype=np.float64).reshape(-1)
+        except (ValueError, TypeError, OverflowError):
+            bad[i] = True
+            continue
+        if numbers.size != column.width or not np.isfinite(numbers).all():
+            bad[i] = True
+        else:
+            parsed[i] = numbers
+    return parsed, bad
+
+
 @single_threaded()
 def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     """Parse one metadata entry per prompt (a mapping or None); never raises on malformed entries."""
@@ -381,7 +416,7 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
         return table
     keys = (PROFILE_BAND, PROFILED_REWARDS, PROFILED_OUTPUT_LENGTHS, TARGET)
     blocks, rewards, lengths, targets = _columns(entries, keys)
-    invalid = np.zeros((len(entries), len(METADATA_KEYS)), dtype=bool)
+    invalid = np.zeros((len(entries), len(metadata_keys())), dtype=bool)
     for i, channel_blocks in enumerate(_columns(blocks, BAND_CHANNELS)):
         values, invalid[:, i] = _channel_bands(channel_blocks)
         table.bands[:, i] = torch.from_numpy(values)
@@ -390,6 +425,10 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     target, invalid[:, METADATA_KEYS.index(TARGET)] = _targets(targets)
     table.target = torch.from_numpy(target)
     table.profiled = torch.from_numpy(stats)
+    for offset, column in enumerate(prompt_columns(), len(METADATA_KEYS)):
+        (values,) = _columns(entries, (column.name,))
+        parsed, invalid[:, offset] = _term_column(column, values)
+        table.columns[column.name] = torch.from_numpy(parsed)
     table.invalid = torch.from_numpy(invalid)
     return table
 
@@ -435,10 +474,21 @@ class MetadataCache:
         end = start + len(keys)
         if end > len(self._table):
             grown = PromptMetadata.empty(max(end, 2 * len(self._table)))
-            for name in ("bands", "profiled", "invalid", "target"):
-                getattr(grown, name)[:start] = getattr(self._table, name)[:start]
+            for old, new in zip(_parts(self._table), _parts(grown), strict=True):
+                new[:start] = old[:start]
             self._table = grown
-        for name in ("bands", "profiled", "invalid", "target"):
-            getattr(self._table, name)[start:end] = getattr(parsed, name)
+        for table, rows in zip(_parts(self._table), _parts(parsed), strict=True):
+            table[start:end] = rows
         self._rows.update(zip(keys, range(start, end), strict=True))
         self.parsed += len(keys)
+
+
+def _parts(table: PromptMetadata) -> list[torch.Tensor]:
+    """The table's tensors, the term columns in name order."""
+    return [
+        table.bands,
+        table.profiled,
+        table.invalid,
+        table.target,
+        *(table.columns[k] for k in sorted(table.columns)),
+    ]

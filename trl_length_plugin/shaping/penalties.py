@@ -20,7 +20,7 @@ import torch
 
 from .agents import AgentParams
 from .batch import RolloutBatch
-from .columns import BAND_KEYS, METADATA_KEYS, PROFILE_BAND
+from .columns import BAND_KEYS, PROFILE_BAND
 from .config import LengthPenaltyConfig
 from .correctness import GroupKinds, classify_groups
 from .fields import CHANNELS
@@ -28,7 +28,7 @@ from .groups import Bucket, GroupLayout, all_set, any_set, row_any, weights
 from .metadata import GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
-from .terms import GATE_OPEN, REWARD, Kind, Metadata, Term, TermInputs, terms
+from .terms import GATE_OPEN, REWARD, Kind, Metadata, Term, TermInputs, metadata_keys, terms
 from .threads import single_threaded
 from .view import GroupView
 
@@ -117,14 +117,16 @@ def _read_metadata(
 ) -> tuple[GroupMetadata, set[Metadata]]:
     """The per-prompt metadata the used terms read (§2.10, §2.12-2.14, §2.20), merged per group, and what
     was read."""
+    columns = [column.name for term in used for column in term.columns]
     needs = {need for term in used for need in term.metadata}
     meta = merge_group_metadata(
-        batch.group_metadata() if needs else None,
+        batch.group_metadata() if needs or columns else None,
         config.global_bands,
         batch.layout.num_groups,
         "bands" in needs,
         "profiles" in needs,
         "target" in needs,
+        columns,
     )
     return meta, needs
 
@@ -242,7 +244,7 @@ def _warn(
             logging.getLogger("trl_length_plugin").warning(warning)
     if not any_set(invalid):
         return
-    for key in METADATA_KEYS:
+    for key in metadata_keys():
         for agent in params.agents_where(meta.invalid[key] & shaped_groups):
             config.warn_once(
                 ("invalid_metadata", agent, key),
@@ -336,7 +338,7 @@ def apply_length_penalties(
         processed = layout.unpack([part.processed for part in parts])
         shaped = layout.unpack([part.shaped for part in parts])
         result = torch.where(processed, shaped.to(env.dtype), env)
-        invalid = row_any(torch.stack([meta.invalid[key] for key in METADATA_KEYS])) & shaped_groups
+        invalid = row_any(torch.stack([meta.invalid[key] for key in metadata_keys()])) & shaped_groups
         _warn(config, params, kinds, shaped_groups, meta, "bands" in needs, invalid)
         positive = layout.unpack([part.positive for part in parts])
         metrics = _row_metrics(

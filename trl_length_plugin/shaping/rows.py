@@ -11,23 +11,25 @@ from typing import Any
 
 import torch
 
-from .columns import METADATA_COLUMNS
+from .terms import metadata_columns
 
 
 def metadata_entries(
     columns: Mapping[str, Sequence[Any]], rows: int, nested: Sequence[Any] | None = None
 ) -> list[dict[str, Any] | None] | None:
-    """Each row's metadata entry: the ``METADATA_COLUMNS`` found among the dataset's top-level ``columns``
-    (one list per column), else the same keys in the row's ``nested`` mapping (verl's ``extra_info``); a
-    row with none of them gets None. None when no column is present and nothing is nested."""
-    present = [key for key in METADATA_COLUMNS if key in columns]
+    """Each row's metadata entry: the ``metadata_columns()`` (the core's and the terms' own) found among the
+    dataset's top-level ``columns`` (one list per column), else the same keys in the row's ``nested``
+    mapping (verl's ``extra_info``); a row with none of them gets None. None when no column is present and
+    nothing is nested."""
+    names = metadata_columns()
+    present = [key for key in names if key in columns]
     if not present and nested is None:
         return None
     entries = []
     for row in range(rows):
         inner = nested[row] if nested is not None else None
         inner = inner if isinstance(inner, Mapping) else {}
-        entry = {key: columns[key][row] if key in present else None for key in METADATA_COLUMNS}
+        entry = {key: columns[key][row] if key in present else None for key in names}
         entry = {key: inner.get(key) if value is None else value for key, value in entry.items()}
         entries.append(entry if any(value is not None for value in entry.values()) else None)
     return entries

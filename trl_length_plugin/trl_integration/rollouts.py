@@ -22,16 +22,21 @@ import torch
 from accelerate.utils import gather, gather_object
 
 from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_lengths
-from trl_length_plugin.shaping.columns import METADATA_COLUMNS, METADATA_KEYS, PROFILE_BAND
+from trl_length_plugin.shaping.columns import PROFILE_BAND
 from trl_length_plugin.shaping.config import BAND_CHANNELS
 from trl_length_plugin.shaping.metadata import MetadataCache, PromptMetadata
 from trl_length_plugin.shaping.rows import entry_key, metadata_entries, truncated_rows
+from trl_length_plugin.shaping.terms import metadata_columns, metadata_keys, prompt_columns
 
 logger = logging.getLogger("trl_length_plugin")
 
 NESTED_METADATA_KEY = "extra_env_info"
-#: the widths of a parsed entry's bands, profile statistics, flags and target length in the gathered tensor
-PARSED_WIDTHS = (len(BAND_CHANNELS) * 3, 3, len(METADATA_KEYS), 1)
+
+
+def parsed_widths() -> tuple[int, ...]:
+    """The widths of a parsed entry's parts in the gathered tensor: bands, profile statistics, flags, target
+    length, then each term column."""
+    return (len(BAND_CHANNELS) * 3, 3, len(metadata_keys()), 1, *(c.width for c in prompt_columns()))
 
 
 def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
@@ -39,7 +44,7 @@ def nested_metadata_warning(example: Mapping[str, Any] | None) -> str | None:
     nested = example.get(NESTED_METADATA_KEY) if example is not None else None
     if not isinstance(nested, Mapping):
         return None
-    keys = sorted(k for k in METADATA_COLUMNS if k in nested)
+    keys = sorted(k for k in metadata_columns() if k in nested)
     if not keys:
         return None
     return (
@@ -77,23 +82,23 @@ class RowMetadata:
         self.cache = MetadataCache() if cache is None else cache
 
     def local_columns(self, entries: Sequence[Any]) -> torch.Tensor:
-        """(rows, sum(PARSED_WIDTHS)) float64: each local row's parsed entry, flattened."""
+        """(rows, sum(parsed_widths())) float64: each local row's parsed entry, flattened."""
         keys = [entry_key(entry) for entry in entries]
         by_key = dict(zip(keys, entries, strict=True))
         table = self.cache.lookup(keys, lambda new: [by_key[key] for key in new])
-        return torch.cat(
-            [table.bands.flatten(1), table.profiled, table.invalid.double(), table.target[:, None]], 1
-        )
+        parts = [table.bands.flatten(1), table.profiled, table.invalid.double(), table.target[:, None]]
+        return torch.cat([*parts, *(table.columns[column.name] for column in prompt_columns())], 1)
 
     @staticmethod
     def from_columns(values: torch.Tensor) -> PromptMetadata:
         """The ``PromptMetadata`` of gathered ``local_columns`` rows."""
-        bands, profiled, invalid, target = values.split(PARSED_WIDTHS, 1)
+        bands, profiled, invalid, target, *columns = values.split(parsed_widths(), 1)
         return PromptMetadata(
             bands.reshape(-1, len(BAND_CHANNELS), 3),
             profiled.contiguous(),
             invalid.bool(),
             target[:, 0].clone(),
+            {column.name: part.contiguous() for column, part in zip(prompt_columns(), columns, strict=True)},
         )
 
 
@@ -117,7 +122,7 @@ class LocalRollouts:
     def from_inputs(cls, completions: Sequence[Any], inputs: Sequence[Mapping[str, Any]], agent_column: str):
         """From TRL's per-example input dicts."""
         first = inputs[0] if inputs else {}
-        keys = (agent_column, *METADATA_COLUMNS)
+        keys = (agent_column, *metadata_columns())
         columns = {key: [x.get(key) for x in inputs] for key in keys if key in first}
         return cls.from_columns(completions, columns, agent_column)
 
@@ -172,7 +177,7 @@ def gathered_batch(
         rows = dict(reasoning_lengths=values[:, 0], answer_lengths=values[:, 1])
         rows["agents"] = gather_object(local.agents) if local.agents is not None else None
         if reads_metadata:  # each group reads its first row: metadata is per prompt
-            rows["metadata"] = RowMetadata.from_columns(values[layout.first_row, -sum(PARSED_WIDTHS) :])
+            rows["metadata"] = RowMetadata.from_columns(values[layout.first_row, -sum(parsed_widths()) :])
     column = 2 if block is not None else 0
     if loss_lengths is not None:
         rows["loss_lengths"] = values[:, column]

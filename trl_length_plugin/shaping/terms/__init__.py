@@ -9,8 +9,11 @@ way (docs/write-a-term.md). A term declares:
   or none); ``check``: its keys' dependent-key errors, checked at load;
 - ``kind`` and ``order``, its place in the §2.6 order; ``outputs``, its per-row values (the verbose records'
   columns); ``metrics``: its per-row metric values, derived from what it returned;
-- ``metadata``: the per-prompt columns it reads (§2.14), and ``prepare``: its per-group inputs, built once
-  per batch from the agents' parameters and the merged metadata (``TermInputs.prepared``);
+- ``metadata``: the core's per-prompt data it reads (§2.14: bands, profiles, target length); ``columns``:
+  per-prompt dataset columns of its own (:class:`PromptColumn`: name, parser, citation), which every host
+  reads and the core parses, caches and hands to it per group; and ``prepare``: its per-group inputs, built
+  once per batch from the agents' parameters and the merged metadata (``TermInputs.prepared``), where a
+  term merges its own columns with its keys;
 - ``record``: what the verbose record of one group says of it (§2.15), from the agent's parameters, the
   group's ``prepare`` values (a gate's outputs too) and whether the group was shaped.
 
@@ -38,12 +41,14 @@ import functools
 import importlib
 import operator
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
+
+from ..columns import METADATA_COLUMNS, METADATA_KEYS
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +114,24 @@ class Parameter:
         return get_args(self.annotation)
 
 
+@dataclass(frozen=True)
+class PromptColumn:
+    """A per-prompt dataset column a term brings (docs/reference/length-penalties.md §2.14): read from the top
+    level of each row (or verl's ``extra_info``) like the core's columns, parsed once per prompt, cached for
+    the run, and given to the term per group as ``GroupMetadata.columns[name]`` (``width`` float64 values,
+    NaN where the prompt has none or a malformed one).
+
+    ``parse(value)``: one present entry as ``width`` numbers (a number when ``width`` is 1); a malformed entry
+    raises ``ValueError`` or ``TypeError``, and is then flagged, warned about and counted in
+    ``length_penalty/invalid_metadata_frac``, never raised out of the shaping (as the core's columns).
+    ``cite``: where the column is specified."""
+
+    name: str
+    parse: Callable[[Any], float | Sequence[float]]
+    cite: str
+    width: int = 1
+
+
 @dataclass
 class TermInputs:
     """What a term reads besides the view, for the groups of the bucket: the gate (Gb,), the running sum
@@ -144,6 +167,7 @@ class Term:
     check: Callable[[Mapping[str, Any], set[str]], list[str]] | None = None
     turned_on: Callable[[GroupView], torch.Tensor] | None = None
     record: Record | None = None
+    columns: tuple[PromptColumn, ...] = ()
 
     def used_by(self, params: AgentParams) -> bool:
         """Whether some agent of the batch sets one of the term's switches."""
@@ -177,6 +201,7 @@ def register_term(
     check: Callable[[Mapping[str, Any], set[str]], list[str]] | None = None,
     turned_on: Callable[[GroupView], torch.Tensor] | None = None,
     record: Record | None = None,
+    columns: tuple[PromptColumn, ...] = (),
 ) -> Callable[[Compute], Compute]:
     """Decorator registering ``compute(view, inputs) -> {output: tensor}`` as a length term (see the module
     docstring for what each declaration means); ``outputs`` defaults to ``(name,)``."""
@@ -191,7 +216,11 @@ def register_term(
         taken = set(parameters) & set(_KEYS)
         if taken:
             raise ValueError(f"length term {name!r}: key {sorted(taken)[0]!r} belongs to another term")
-        declared = (metadata, prepare, metrics, check, turned_on, record)
+        named = [column.name for column in columns]
+        clash = set(named) & {*metadata_columns(), *METADATA_KEYS} or len(set(named)) < len(named)
+        if clash:
+            raise ValueError(f"length term {name!r}: its columns {named} must be new dataset column names")
+        declared = (metadata, prepare, metrics, check, turned_on, record, tuple(columns))
         _REGISTRY[name] = Term(
             name, kind, order, dict(parameters), switches, outputs or (name,), compute, *declared
         )
@@ -239,6 +268,21 @@ def key_choices(name: str) -> tuple[str, ...]:
 def switches_reading(metadata: Metadata) -> tuple[str, ...]:
     """The switches of the terms that read ``metadata``."""
     return tuple(key for term in terms() if metadata in term.metadata for key in term.switches)
+
+
+def prompt_columns() -> tuple[PromptColumn, ...]:
+    """The terms' own per-prompt columns, in term order."""
+    return tuple(column for term in terms() for column in term.columns)
+
+
+def metadata_columns() -> tuple[str, ...]:
+    """Every per-prompt column a host reads (§2.14): the core's, then the terms' own."""
+    return (*METADATA_COLUMNS, *(column.name for column in prompt_columns()))
+
+
+def metadata_keys() -> tuple[str, ...]:
+    """The parts of a prompt's metadata flagged malformed apart: the core's, then each term column."""
+    return (*METADATA_KEYS, *(column.name for column in prompt_columns()))
 
 
 def outputs(*kinds: Kind) -> tuple[str, ...]:
