@@ -78,9 +78,8 @@ class PlainHost:
     """The loop's plugin side: the config checked before the model is used, then one call per step."""
 
     def __init__(self, shaping: dict, loss: str, is_bounds: tuple[float, float], clip=(0.2, 0.28)):
-        self.run = ShapingRun(
-            load_shaping_config(shaping), NORMALIZATION
-        )  # a bad key fails here, in one line
+        config = load_shaping_config(shaping)  # a bad key fails here, in one line naming it
+        self.run = ShapingRun(config, NORMALIZATION)
         self.run.announce()
         self.loss_name, self.is_bounds, self.clip = loss, is_bounds, clip
 
@@ -89,7 +88,7 @@ class PlainHost:
         index = torch.arange(len(rewards)) // group
         batch = RolloutBatch(rewards=rewards, group_index=index, answer_lengths=lengths, loss_lengths=lengths)
         result = self.run.shape(batch, step)
-        self.run.log(step, records=self.run.coefficient_records(result, step))
+        self.run.log_step(result, step)
         advantages = result.advantages
         if advantages is None:  # the coefficient off: this host normalizes the totals itself
             advantages = group_advantages(result.totals, result.raw, index, **vars(NORMALIZATION))

@@ -44,8 +44,8 @@ def test_arms_have_distinct_names_and_files():
 
 
 def test_profile_columns_parse_as_valid_metadata():
+    from trl_length_plugin.shaping.columns import METADATA_COLUMNS
     from trl_length_plugin.shaping.metadata import parse_prompt_metadata
-    from trl_length_plugin.trl_integration.rollouts import METADATA_COLUMNS
 
     dataset = demo.training_dataset(0, size=64)
     questions = sorted({demo.question(row) for row in dataset})

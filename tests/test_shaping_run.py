@@ -140,3 +140,20 @@ def test_metadata_entries_read_top_level_columns_first_then_the_nested_mapping()
     ]
     assert metadata_entries({"other": [1]}, 1) is None  # nothing to read
     assert metadata_entries({}, 2, [{"target_length": 4}, {}]) == [{**blank, "target_length": 4}, None]
+
+
+def test_log_step_builds_the_records_only_where_they_are_written(caplog, monkeypatch):
+    """A batch shaped in one call: one summary line on the main process; the per-rollout records are not even
+    built on another process, or when neither INFO lines nor a JSON file would take them."""
+    run = ShapingRun(load_shaping_config(COEFF))
+    result = run.shape(batch(), 3)
+    with caplog.at_level(logging.INFO, logger="trl_length_plugin"):
+        run.log_step(result, 3)
+    assert [m.split(" rollouts=")[0] for m in messages(caplog)] == ["Length penalty: step=3 coeff=1"]
+    built = []
+    monkeypatch.setattr(run, "coefficient_records", lambda *args: built.append(args) or [])
+    with caplog.at_level(logging.INFO, logger="trl_length_plugin"):
+        run.log_step(result, 3, is_main_process=False)
+    with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
+        run.log_step(result, 3)
+    assert built == []

@@ -33,10 +33,10 @@ from tests.trl_streaming_worker import run_worker
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.shaping import LengthShapingConfig, load_shaping_config
 from trl_length_plugin.shaping import metadata as metadata_module
+from trl_length_plugin.shaping.columns import METADATA_COLUMNS
 from trl_length_plugin.shaping.metadata import parse_prompt_metadata
 from trl_length_plugin.trl_integration import LengthPenaltyReward, LengthPluginGRPOTrainer
 from trl_length_plugin.trl_integration.rollouts import (
-    METADATA_COLUMNS,
     LocalRollouts,
     RowMetadata,
     consecutive_groups,

@@ -5,6 +5,7 @@ every host's row builder, the run's cache and the engine (§2.14)."""
 
 from __future__ import annotations
 
+import math
 import pkgutil
 
 import pytest
@@ -21,8 +22,9 @@ from trl_length_plugin.shaping import (
 )
 from trl_length_plugin.shaping import terms as terms_package
 from trl_length_plugin.shaping.fields import NonNegative
-from trl_length_plugin.shaping.metadata import MetadataCache
+from trl_length_plugin.shaping.metadata import MetadataCache, parse_prompt_metadata
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
+from trl_length_plugin.shaping.records import format_group_record
 from trl_length_plugin.shaping.rows import metadata_entries
 from trl_length_plugin.shaping.terms import (
     Parameter,
@@ -32,7 +34,7 @@ from trl_length_plugin.shaping.terms import (
     terms,
     unregister_term,
 )
-from trl_length_plugin.trl_integration.rollouts import RowMetadata
+from trl_length_plugin.trl_integration.rollouts import LocalRollouts, RowMetadata
 
 # -- the toy term: each correct row loses toy_tax per unit of its total length -----------------------------
 PARAMETERS = {"toy_tax": Parameter(NonNegative, 0.0, "the loss per unit of total length of a correct row")}
@@ -184,8 +186,10 @@ def test_a_term_reads_its_own_prompt_column(budget_term, caplog):
 def test_the_hosts_row_builders_and_the_cache_carry_a_term_column(budget_term):
     """verl's and TRL's row builders read the column (top level, else ``extra_info``); the run's cache parses
     each prompt once; TRL's gather codec carries the parsed values."""
-    entries = metadata_entries({"toy_budget": [15, None]}, 2, [None, {"toy_budget": 25}])
+    entries = metadata_entries({"toy_budget": [15, None]}, 2, [None, {"toy_budget": 25}])  # verl's call
     assert [entry["toy_budget"] for entry in entries] == [15, 25]
+    trl_rows = LocalRollouts.from_inputs(["a", "b"], [{"toy_budget": 15}, {"toy_budget": None}], "agent")
+    assert trl_rows.metadata[0]["toy_budget"] == 15 and trl_rows.metadata[1] is None
     cache = MetadataCache()
     table = cache.lookup(["a", "b", "a"], lambda new: [{"toy_budget": 15}, {"toy_budget": -1}])
     assert table.columns["toy_budget"][:, 0].tolist()[::2] == [15.0, 15.0] and table.invalid[1, -1]
@@ -208,3 +212,80 @@ def test_an_unregistered_column_is_not_read():
             switches=(),
             columns=(PromptColumn("profile_band", toy_budget_value, "§2.12"),),
         )(toy_budget)
+
+
+def test_a_term_column_is_read_by_preview_and_its_parser_never_stops_the_shaping(budget_term):
+    """``trl-length preview`` reads the column from a rollout row; a parser's own error (here a KeyError) and
+    a row that is not a mapping flag the entry instead of raising (§2.14)."""
+    from trl_length_plugin.offline.preview import _metadata
+    from trl_length_plugin.offline.rollouts import Rollout
+
+    rollout = Rollout(0, "p", 1.0, "text", None, None, None, {"prompt": "p", "toy_budget": 12})
+    assert _metadata(rollout, None)["toy_budget"] == 12
+    strict = PromptColumn("toy_budget", lambda value: value["tokens"], "docs/write-a-term.md")
+    values, bad = strict.read([{"tokens": 3}, {"other": 1}, None, "not a row"], malformed="not a row")
+    assert values[:, 0].tolist()[:1] == [3.0] and bad.tolist() == [False, True, False, True]
+    table = parse_prompt_metadata([{"toy_budget": 9}, "not a mapping", None])
+    assert table.columns["toy_budget"][0].tolist() == [9.0] and table.invalid[:, -1].tolist() == [
+        False,
+        True,
+        False,
+    ]
+
+
+def test_a_cache_started_before_a_term_registers_starts_afresh():
+    """The run's cache holds the columns of the terms registered when it began: registering a term with a
+    column (or removing it) empties it, so no cached row lacks or misplaces a column."""
+    cache = MetadataCache()
+    cache.lookup(["a"], lambda new: [{"target_length": 5}])
+    register_term(
+        "toy_budget",
+        kind="additive",
+        order=11,
+        parameters=BUDGET_PARAMETERS,
+        switches=("toy_budget_penalty",),
+        columns=(PromptColumn("toy_budget", toy_budget_value, "docs/write-a-term.md"),),
+        prepare=toy_budget_prepare,
+    )(toy_budget)
+    try:
+        table = cache.lookup(["a", "b"], lambda new: [{"target_length": 5, "toy_budget": 7}] * len(new))
+        assert table.columns["toy_budget"][:, 0].tolist() == [7.0, 7.0] and cache.parsed == 3
+    finally:
+        unregister_term("toy_budget")
+    assert cache.lookup(["a"], lambda new: [{"target_length": 6}]).target.tolist() == [6.0]
+
+
+def test_a_wide_column_and_a_terms_own_record_line(caplog):
+    """A two-number column (a window per prompt) and the term's ``record``: its line in the verbose record,
+    its entry as an attribute."""
+
+    def window_prepare(params, meta):
+        return {"window": meta.columns["toy_window"]}
+
+    def window(view, inputs):
+        return {"toy_window": torch.zeros_like(view.rewards)}
+
+    def window_record(params, values, shaped):
+        return {"toy_window": {"low": values["window"][0], "high": values["window"][1]}}
+
+    register_term(
+        "toy_window",
+        kind="additive",
+        order=12,
+        parameters={"toy_window_on": Parameter(bool, False, "record each group's window")},
+        switches=("toy_window_on",),
+        columns=(PromptColumn("toy_window", lambda value: value, "docs/write-a-term.md", width=2),),
+        prepare=window_prepare,
+        record=window_record,
+    )(window)
+    try:
+        config = LengthPenaltyConfig.model_validate({"verbose": True, "default": {"toy_window_on": True}})
+        result = apply_length_penalties(
+            batch_of_two(metadata=[{"toy_window": [4, 9]}] * 3 + [None] * 3), config
+        )
+        first, second = result.groups
+        assert first.toy_window == {"low": 4.0, "high": 9.0} and first.gate is None
+        assert format_group_record(first).splitlines()[1] == "  toy_window low=4.0 high=9.0"
+        assert math.isnan(second.toy_window["low"])
+    finally:
+        unregister_term("toy_window")

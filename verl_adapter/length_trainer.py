@@ -39,6 +39,7 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.workers.utils.padding import response_to_nested
 
+from trl_length_plugin.shaping.config import LengthShapingConfig
 from trl_length_plugin.shaping.run import ShapingRun
 
 from ._host import checkpoint_folder, resumed_checkpoint_folder
@@ -92,13 +93,17 @@ class LengthShapingMixin:
 
     def __init__(self, config):
         check_luspo(config)
-        self.length_shaping = shaping_config(config)
-        self.length_run = ShapingRun(self.length_shaping, log_rollouts=log_rollouts(config))
+        self.length_run = ShapingRun(shaping_config(config), log_rollouts=log_rollouts(config))
         self.length_shaper = RolloutShaper(self.length_run, step=lambda: self.global_steps)
         self.length_shaper.max_response_length = config.data.get("max_response_length")
         follow_verl_log_level()
         self.length_run.announce()
         super().__init__(config)
+
+    @property
+    def length_shaping(self) -> LengthShapingConfig:
+        """The run's length-shaping config."""
+        return self.length_run.config
 
     @property
     def length_log_rollouts(self) -> bool:

@@ -28,6 +28,7 @@ from trl_length_plugin.shaping.correctness import classify_groups
 from trl_length_plugin.shaping.metrics import mean_metrics
 from trl_length_plugin.shaping.normalization import group_advantages
 from trl_length_plugin.shaping.pipeline import ShapingResult
+from trl_length_plugin.shaping.rows import metadata_entry
 from trl_length_plugin.shaping.terms import metadata_columns
 from trl_length_plugin.shaping.terms.profile_gate import GATE_REASONS
 
@@ -55,8 +56,7 @@ class PromptTable:
         self.agents = columns(dataset, (agent_column,)).get(agent_column)
 
     def metadata(self, row: int) -> dict[str, Any] | None:
-        entry = {name: values[row] for name, values in self.columns.items() if values[row] is not None}
-        return entry or None
+        return metadata_entry({name: values[row] for name, values in self.columns.items()})
 
 
 @dataclass
@@ -84,8 +84,7 @@ def _agent(rollout: Rollout, prompts: PromptTable | None, agent_column: str) -> 
 def _metadata(rollout: Rollout, prompts: PromptTable | None) -> dict[str, Any] | None:
     if prompts is not None:
         return prompts.metadata(prompts.index[rollout.key])
-    entry = {name: rollout.row[name] for name in metadata_columns() if rollout.row.get(name) is not None}
-    return entry or None
+    return metadata_entry(rollout.row)
 
 
 def read_rows(

@@ -92,7 +92,8 @@ class RolloutBatch:
     - ``reasoning_lengths`` / ``answer_lengths``: channel lengths (§2.5); total is their sum.
     - ``agents``: agent name per row, ``None`` meaning ``default`` (§2.3); a group uses its first row's.
     - ``metadata``: per-row mappings with ``profiled_rewards``, ``profiled_output_lengths``,
-      ``profile_band`` (any may be missing) or ``None``, read from each group's first row; or a parsed
+      ``profile_band``, ``target_length`` and the registered terms' own columns (any may be missing) or
+      ``None``, read from each group's first row; or a parsed
       ``PromptMetadata`` (``MetadataCache.lookup``) with one row per group, groups in order of first
       appearance (``layout.first_row``), or one row per rollout (§2.14).
     - ``multi_component``: per-row flag for verl's multi-component scores, whose groups are skipped (§2.4).

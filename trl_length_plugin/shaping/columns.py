@@ -19,6 +19,9 @@ METADATA_COLUMNS = (PROFILED_REWARDS, PROFILED_OUTPUT_LENGTHS, PROFILE_BAND, TAR
 
 #: the dataset column naming each prompt's agent unless ``agent_column`` names another (§2.3)
 AGENT_COLUMN = "agent"
+#: columns the hosts read for themselves (TRL's prompt and nested metadata, verl's data source, group id and
+#: ``extra_info``): a term's own column may not take their names
+HOST_COLUMNS = ("prompt", "completion", AGENT_COLUMN, "extra_env_info", "data_source", "uid", "extra_info")
 
 #: the parts of a prompt's metadata flagged malformed apart (``PromptMetadata.invalid``): each band channel,
 #: the profile, an unknown channel name and the target length

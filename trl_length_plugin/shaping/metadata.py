@@ -3,7 +3,8 @@
 
 :func:`parse_prompt_metadata` turns per-prompt entries (mappings with ``profiled_rewards``,
 ``profiled_output_lengths``, ``profile_band``, ``target_length``; any may be missing) into a
-:class:`PromptMetadata` table of tensors; :class:`MetadataCache` keeps that table by prompt key, so a host parses each prompt once per run;
+:class:`PromptMetadata` table of tensors; :class:`MetadataCache` keeps that table by prompt key, so a host
+parses each prompt once per run;
 :func:`merge_group_metadata` merges a group's entry over the config's global bands. A term's own columns
 (``terms.PromptColumn``) are parsed here too, entry by entry with the term's parser, and kept beside the
 core's parts (``PromptMetadata.columns``).
@@ -51,7 +52,7 @@ from .columns import (
     TARGET,
 )
 from .config import BAND_CHANNELS, MAX_LENGTH, ProfileBandChannel
-from .terms import PromptColumn, metadata_keys, prompt_columns
+from .terms import metadata_keys, prompt_columns
 from .threads import single_threaded
 
 _BAND_KEYS = frozenset(BAND_CHANNELS)
@@ -389,24 +390,6 @@ def _unknown_channels(blocks: list[Any]) -> np.ndarray:
     )
 
 
-def _term_column(column: PromptColumn, values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """(n, width) values of a term column (NaN where absent or malformed) and (n,) malformed flags: each
-    present entry through the term's parser; an error, a wrong count or a non-finite number flags it."""
-    parsed = np.full((len(values), column.width), math.nan)
-    bad = np.zeros(len(values), dtype=bool)
-    for i in np.flatnonzero(_given(values)):
-        try:
-            numbers = np.asarray(column.parse(values[i]), dtype=np.float64).reshape(-1)
-        except (ValueError, TypeError, OverflowError):
-            bad[i] = True
-            continue
-        if numbers.size != column.width or not np.isfinite(numbers).all():
-            bad[i] = True
-        else:
-            parsed[i] = numbers
-    return parsed, bad
-
-
 @single_threaded()
 def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     """Parse one metadata entry per prompt (a mapping or None); never raises on malformed entries."""
@@ -427,7 +410,7 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
     table.profiled = torch.from_numpy(stats)
     for offset, column in enumerate(prompt_columns(), len(METADATA_KEYS)):
         (values,) = _columns(entries, (column.name,))
-        parsed, invalid[:, offset] = _term_column(column, values)
+        parsed, invalid[:, offset] = column.read(values, malformed=_INVALID)
         table.columns[column.name] = torch.from_numpy(parsed)
     table.invalid = torch.from_numpy(invalid)
     return table
@@ -436,7 +419,9 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
 class MetadataCache:
     """Parsed metadata by prompt key: each prompt is parsed the first time its key is seen, then looked up
     (reference §2.14). Bounded: past ``max_prompts`` keys the cache starts afresh (a host streaming prompts
-    re-parses at most once per ``max_prompts`` new prompts). ``parsed`` counts the entries parsed so far."""
+    re-parses at most once per ``max_prompts`` new prompts), and when a term with columns of its own is
+    registered or removed (the table holds the columns of the terms registered when it began). ``parsed``
+    counts the entries parsed so far."""
 
     def __init__(self, max_prompts: int = 1 << 20):
         if max_prompts < 1:
@@ -445,6 +430,7 @@ class MetadataCache:
         self.parsed = 0
         self._rows: dict[Hashable, int] = {}
         self._table = PromptMetadata.empty(0)
+        self._columns = prompt_columns()
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -454,6 +440,8 @@ class MetadataCache:
         self, keys: Sequence[Hashable], fetch: Callable[[list[Hashable]], Sequence[Any]]
     ) -> PromptMetadata:
         """The metadata of each key; ``fetch(new_keys)`` returns the entries of keys not seen before."""
+        if self._columns != prompt_columns():
+            self._rows, self._table, self._columns = {}, PromptMetadata.empty(0), prompt_columns()
         new = [key for key in dict.fromkeys(keys) if key not in self._rows]
         if len(self._rows) + len(new) > self.max_prompts:
             self._rows, self._table = {}, PromptMetadata.empty(0)

@@ -28,7 +28,7 @@ from .groups import Bucket, GroupLayout, all_set, any_set, row_any, weights
 from .metadata import GroupMetadata, merge_group_metadata
 from .metrics import mean_metrics
 from .records import GroupRecord, build_records
-from .terms import GATE_OPEN, REWARD, Kind, Metadata, Term, TermInputs, metadata_keys, terms
+from .terms import GATE_OPEN, REWARD, Kind, Metadata, Term, TermInputs, metadata_keys, prompt_columns, terms
 from .threads import single_threaded
 from .view import GroupView
 
@@ -244,14 +244,16 @@ def _warn(
             logging.getLogger("trl_length_plugin").warning(warning)
     if not any_set(invalid):
         return
+    cites = {column.name: column.cite for column in prompt_columns()}
     for key in metadata_keys():
         for agent in params.agents_where(meta.invalid[key] & shaped_groups):
             config.warn_once(
                 ("invalid_metadata", agent, key),
                 "length_penalty: ignoring malformed %s metadata of agent %r, counted in "
-                "length_penalty/invalid_metadata_frac (docs/reference/length-penalties.md §2.12, §2.14)",
+                "length_penalty/invalid_metadata_frac (%s)",
                 key,
                 agent,
+                cites.get(key, "docs/reference/length-penalties.md §2.12, §2.14"),
             )
 
 

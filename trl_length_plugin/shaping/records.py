@@ -7,6 +7,7 @@ Built only when ``verbose`` is on, so the default path never loops over groups.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +28,11 @@ logger = logging.getLogger("trl_length_plugin")
 @dataclass
 class GroupRecord:
     """One prompt group: ``status`` is ``shaped``, ``disabled``, ``missing`` (a correctness reward is
-    missing) or ``non_binary``; ``details`` holds what the terms' ``record`` said of the group, by entry
-    name in term order (the profile gate's line, the profiled threshold; each also reads as an attribute,
-    ``record.profiled_threshold``), and ``gate`` the gate term's entry; ``terms`` maps each output of the registered rollout and additive terms
-    (``cosine``, ``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
+    missing) or ``non_binary``; ``details`` holds what each term's ``record`` said of the group, by term
+    name in term order, then entry name (``details["profiled"]["profiled_threshold"]``; an entry also reads
+    as an attribute, ``record.profiled_threshold``, when no field has its name), and ``gate`` is the gate
+    term's line (``reason`` among others); ``terms`` maps each output of the registered rollout and additive
+    terms (``cosine``, ``reasoning_bonus``, ``longest_total``, ``group_answer``, ``zmad_total``, ``profiled``,
     ``pass_rate``, ...) and ``band_multipliers`` each multiplier output (the band channels) to per-row values
     in row order (0, or 1, where the term did not run)."""
 
@@ -38,7 +40,7 @@ class GroupRecord:
     agent: str
     rows: list[int]
     status: str
-    details: dict[str, Any]
+    details: dict[str, dict[str, Any]]
     rewards: list[float]
     lengths: dict[str, list[float]]
     terms: dict[str, list[float]]
@@ -46,15 +48,17 @@ class GroupRecord:
     shaped: list[float]
 
     @property
-    def gate(self) -> dict[str, Any] | None:
-        """The gate term's entry (``reason`` among others), None when no gate acted on the group."""
-        return next((self.details[t.name] for t in terms("gate") if t.name in self.details), None)
+    def gate(self) -> Mapping[str, Any] | None:
+        """The gate term's line, None when no gate acted on the group."""
+        lines = (v for t in terms("gate") for v in self.details.get(t.name, {}).values())
+        return next((line for line in lines if isinstance(line, Mapping)), None)
 
     def __getattr__(self, name: str) -> Any:
-        details = self.__dict__.get("details", {})
-        if name in details:
-            return details[name]
-        raise AttributeError(f"{type(self).__name__!r} has no attribute or detail {name!r}")
+        """A term's entry by its name; an AttributeError when no term recorded it for this group."""
+        for entries in self.__dict__.get("details", {}).values():
+            if name in entries:
+                return entries[name]
+        raise AttributeError(f"{type(self).__name__!r} has no attribute, and no term recorded {name!r}")
 
 
 def _status(processed: bool, enabled: bool, missing: bool) -> str:
@@ -65,14 +69,18 @@ def _status(processed: bool, enabled: bool, missing: bool) -> str:
     return "missing" if missing else "non_binary"
 
 
-def _details(params: Any, trace: ShapingTrace, group: int, shaped: bool) -> dict[str, Any]:
-    """What each term that kept per-group values says of ``group`` (its ``record``), in term order."""
+def _details(params: Any, trace: ShapingTrace, group: int, shaped: bool) -> dict[str, dict[str, Any]]:
+    """What each term with per-group values (its ``prepare``'s, a gate's outputs) says of ``group`` through
+    its ``record``, by term in term order; the values are ``group``'s, a number or a list of numbers."""
     details = {}
     for term in terms():
         values = trace.groups.get(term.name)
         if term.record is not None and values is not None:
-            at = {key: float(value[group]) for key, value in values.items()}
-            details.update(term.record(params, at, shaped))
+            entries = term.record(
+                params, {key: value[group].tolist() for key, value in values.items()}, shaped
+            )
+            if entries:
+                details[term.name] = entries
     return details
 
 
@@ -139,8 +147,8 @@ def build_records(
 def format_group_record(record: GroupRecord) -> str:
     """A multi-line text of one record: the group line, the gate line, one line per rollout."""
     lines = [f"length_penalty group={record.group} agent={record.agent} status={record.status}"]
-    for name, value in record.details.items():
-        if isinstance(value, dict):
+    for name, value in (entry for entries in record.details.values() for entry in entries.items()):
+        if isinstance(value, Mapping):
             lines.append(f"  {name} " + " ".join(f"{key}={item}" for key, item in value.items()))
         elif value is not None:
             lines.append(f"  {name}={value}")

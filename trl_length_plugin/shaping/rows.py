@@ -35,6 +35,12 @@ def metadata_entries(
     return entries
 
 
+def metadata_entry(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One row's metadata entry (:func:`metadata_entries` of a single row given as a mapping)."""
+    entries = metadata_entries({key: [value] for key, value in row.items()}, 1)
+    return entries[0] if entries else None
+
+
 def entry_key(entry: Any) -> Hashable:
     """A metadata entry as a cache key where the host has no prompt id: a 128-bit BLAKE2 digest of its
     pickle, so equal entries share a key whatever row, prompt or position they come from; an unpicklable

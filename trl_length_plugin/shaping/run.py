@@ -1,12 +1,13 @@
 """One training run's length shaping, the object every host holds (docs/write-a-host.md): the config, the
 host's normalization, the per-prompt metadata parsed so far, the settings lines, the step, its logs and the
-schedule's checkpoint state (docs/reference/length-penalties.md §2.14-2.15, docs/reference/length-coefficient.md
-§3.4, §3.6-3.7).
+schedule's checkpoint state (docs/reference/length-penalties.md §2.14-2.15,
+docs/reference/length-coefficient.md §3.4, §3.6-3.7).
 
 A host builds one :class:`ShapingRun` when its config is loaded, says :meth:`ShapingRun.announce` at setup,
-gives each training batch to :meth:`ShapingRun.shape` with the optimizer step, logs with
-:meth:`ShapingRun.log` and the result's ``metrics`` through its own logger, and calls :meth:`ShapingRun.save`
-and :meth:`ShapingRun.resume` with the checkpoint folder it names.
+gives each training batch to :meth:`ShapingRun.shape` with the optimizer step, logs it with
+:meth:`ShapingRun.log_step` (or, shaped in parts, :meth:`ShapingRun.log`) and the result's ``metrics``
+through its own logger, and calls :meth:`ShapingRun.save` and :meth:`ShapingRun.resume` with the checkpoint
+folder it names.
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ class ShapingRun:
         self.log_rollouts = log_rollouts
         self.metadata = MetadataCache()
 
-    @property
-    def enabled(self) -> bool:
-        return self.config.enabled
-
     def announce(self, origin: str = "") -> None:
         """Log the settings lines, one per feature that is on (§3.4); ``origin`` ends each, e.g. `` (reward
         wrapper)``."""
@@ -73,10 +70,19 @@ class ShapingRun:
         self, result: ShapingResult, step: int, session_ids: Sequence[str] | None = None
     ) -> list[dict[str, Any]]:
         """The §3.4 record of each rollout (none when the coefficient is off or 0 at this step);
-        ``session_ids``: the host's name of each row's group (default ``step<step>/group<id>``)."""
+        ``session_ids``: one per row, the host's name of its group (default ``step<step>/group<id>``)."""
         if result.coefficient is None or result.coefficient.coeff == 0:
             return []
         return length_penalty_records(result.coefficient, step, session_ids)
+
+    def log_step(self, result: ShapingResult, step: int, *, is_main_process: bool = True) -> None:
+        """Log a training batch shaped in one call: its verbose group records and the coefficient's lines, on
+        the main process only, the records built only when they will be written."""
+        if not is_main_process:
+            return
+        groups = result.penalties.groups if result.penalties is not None else []
+        writes = self.log_file is not None or logger.isEnabledFor(logging.INFO)
+        self.log(step, groups, self.coefficient_records(result, step) if writes else [])
 
     def log(
         self,
@@ -87,7 +93,8 @@ class ShapingRun:
         is_main_process: bool = True,
     ) -> None:
         """Log one training batch, main process only: the verbose group records (§2.15) and the coefficient's
-        ``records`` (:meth:`coefficient_records`, possibly of several calls)."""
+        ``records`` (:meth:`coefficient_records`, possibly of several calls, as verl shapes groups as they
+        finish)."""
         log_group_records(list(groups), is_main_process=is_main_process)
         if is_main_process and records:
             log_records(records, coeff_at(self.config, step), step, self.log_file, self.log_rollouts)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from trl.trainer.utils import get_callable_name
 
-from trl_length_plugin.shaping import ShapingResult
+from trl_length_plugin.shaping import LengthShapingConfig, ShapingResult
 from trl_length_plugin.shaping.normalization import trl_normalization
 from trl_length_plugin.shaping.run import ShapingRun
 from trl_length_plugin.trl_integration import _host
@@ -109,6 +109,10 @@ class LengthShapingMixin:
 
     _length_step: _ShapingStep | None = None
 
+    @property
+    def _shaping(self) -> LengthShapingConfig:
+        return self._run.config
+
     # -- setup ------------------------------------------------------------------------------------------
     def _check_length_shaping_inputs(
         self, args: LengthPluginGRPOConfig, funcs: list, train_dataset, environment_factory
@@ -116,8 +120,7 @@ class LengthShapingMixin:
         """Before the model loads: the shaping config, and every check that needs no model. The dataset's first
         example is checked here, or for a streaming dataset (no length, no indexing) when it arrives in the
         first training batch (reference §2.14)."""
-        self._shaping = args.shaping
-        self._run = ShapingRun(self._shaping)
+        self._run = ShapingRun(args.shaping)
         self._metadata = RowMetadata(self._run.metadata)
         self._unchecked_example = False
         if not self._shaping.enabled:
@@ -239,8 +242,7 @@ class LengthShapingMixin:
         )
         step = self.state.global_step
         result = self._run.shape(batch, step, shaping_weight=float(self.reward_weights[self._penalty_column]))
-        groups = result.penalties.groups if result.penalties is not None else []
-        self._run.log(step, groups, self._run.coefficient_records(result, step), is_main_process=main)
+        self._run.log_step(result, step, is_main_process=main)
         for key, value in result.metrics.items():
             self._metrics["train"][key].append(value)
         return result

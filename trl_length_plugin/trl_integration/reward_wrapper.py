@@ -104,7 +104,6 @@ class LengthPenaltyReward:
         if num_generations is not None and num_generations < 2:
             raise ValueError(f"num_generations must be >= 2, got {num_generations}")
         self.correctness = correctness
-        self.shaping: LengthShapingConfig = config
         self.num_generations = num_generations
         self.tokenizer = tokenizer
         self.agent_column = agent_column
@@ -116,6 +115,10 @@ class LengthPenaltyReward:
         self._run = ShapingRun(config)  # no normalization: the stock trainer's advantages
         self._metadata = RowMetadata(self._run.metadata)
         self._run.announce(" (reward wrapper)")
+
+    @property
+    def shaping(self) -> LengthShapingConfig:
+        return self._run.config
 
     @property
     def config(self) -> LengthPenaltyConfig:
@@ -222,7 +225,7 @@ class LengthPenaltyReward:
         trainer_state = columns.get("trainer_state")  # TRL's, for the schedule's step (§3.7)
         step = 0 if trainer_state is None else trainer_state.global_step
         result = self._run.shape(batch, step)
-        self._run.log(step, result.penalties.groups, is_main_process=state.is_main_process)
+        self._run.log_step(result, step, is_main_process=state.is_main_process)
         if self.metrics and log_metric is not None:  # every rank logs the same global values
             for key, value in result.metrics.items():
                 log_metric(key, value)

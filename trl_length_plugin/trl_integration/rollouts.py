@@ -108,7 +108,7 @@ class LocalRollouts:
 
     completions: Sequence[Any]
     agents: list[Any] | None = None
-    metadata: list[dict[str, Any]] | None = None
+    metadata: list[dict[str, Any] | None] | None = None
 
     @classmethod
     def from_columns(
@@ -129,8 +129,8 @@ class LocalRollouts:
 
 def truncated_flags(completion_ids: Sequence[Sequence[int]], stop_ids: Sequence[int]) -> torch.Tensor:
     """Per local row, whether the completion is truncated: its last token is not an end-of-sequence or pad
-    token (the core's rule without a length limit, TRL's own ``is_truncated``; docs/reference/length-penalties.md
-    §2.19)."""
+    token (the core's rule without a length limit, TRL's own ``is_truncated``;
+    docs/reference/length-penalties.md §2.19)."""
     lengths = torch.tensor([len(ids) for ids in completion_ids], dtype=torch.long)
     last = torch.tensor([int(ids[-1]) if len(ids) else -1 for ids in completion_ids], dtype=torch.long)
     return truncated_rows(last, lengths, stop_ids)

@@ -15,7 +15,8 @@ way (docs/write-a-term.md). A term declares:
   once per batch from the agents' parameters and the merged metadata (``TermInputs.prepared``), where a
   term merges its own columns with its keys;
 - ``record``: what the verbose record of one group says of it (§2.15), from the agent's parameters, the
-  group's ``prepare`` values (a gate's outputs too) and whether the group was shaped.
+  group's ``prepare`` values (a gate's outputs too; a term without them is not asked) and whether the group
+  was shaped.
 
 Per bucket of groups the engine runs:
 
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from ..columns import METADATA_COLUMNS, METADATA_KEYS
+from ..columns import HOST_COLUMNS, METADATA_COLUMNS, METADATA_KEYS
 
 if TYPE_CHECKING:
     import torch
@@ -116,8 +117,8 @@ class Parameter:
 
 @dataclass(frozen=True)
 class PromptColumn:
-    """A per-prompt dataset column a term brings (docs/reference/length-penalties.md §2.14): read from the top
-    level of each row (or verl's ``extra_info``) like the core's columns, parsed once per prompt, cached for
+    """A per-prompt dataset column a term brings (docs/reference/length-penalties.md §2.14): read from the
+    top level of each row (or verl's ``extra_info``) like the core's columns, parsed once per prompt, cached for
     the run, and given to the term per group as ``GroupMetadata.columns[name]`` (``width`` float64 values,
     NaN where the prompt has none or a malformed one).
 
@@ -130,6 +131,28 @@ class PromptColumn:
     parse: Callable[[Any], float | Sequence[float]]
     cite: str
     width: int = 1
+
+    def read(self, values: list[Any], malformed: object = None) -> tuple[Any, Any]:
+        """(n, width) float64 values of the column's entries (NaN where absent or malformed) and (n,)
+        malformed flags: each present entry through ``parse``; an entry that is ``malformed`` (the row was not a
+        mapping), any error of the parser, a wrong count or a non-finite number flags it: a term's parser
+        never stops the shaping (§2.14)."""
+        import numpy as np
+
+        parsed = np.full((len(values), self.width), np.nan)
+        bad = np.zeros(len(values), dtype=bool)
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            try:
+                read = None if value is malformed else np.asarray(self.parse(value), dtype=np.float64)
+            except Exception:  # noqa: BLE001 -- the term's code: whatever it raises, the entry is malformed
+                read = None
+            if read is None or read.size != self.width or not np.isfinite(read).all():
+                bad[i] = True
+            else:
+                parsed[i] = read.reshape(-1)
+        return parsed, bad
 
 
 @dataclass
@@ -144,9 +167,11 @@ class TermInputs:
 
 
 Compute = Callable[["GroupView", TermInputs], "dict[str, torch.Tensor]"]
-#: ``record(params, values, shaped)``: a group's record entries, ``{name: value}`` (a mapping value is one
-#: line of ``key=value`` pairs, anything else ``name=value``; None is left out)
-Record = Callable[[Any, "dict[str, float]", bool], "dict[str, Any]"]
+#: ``record(params, values, shaped)``: a group's entries in its verbose record, ``{name: value}`` (a mapping
+#: value is printed as one line of ``key=value`` pairs, anything else as ``name=value``; None is left out),
+#: from the agent's parameters, the group's values of the term's ``prepare`` (and a gate's outputs: a term without
+#: them is not asked), each a number or a list of numbers, and whether the group was shaped
+Record = Callable[[Any, "dict[str, Any]", bool], "dict[str, Any]"]
 
 
 @dataclass(frozen=True)
@@ -217,9 +242,14 @@ def register_term(
         if taken:
             raise ValueError(f"length term {name!r}: key {sorted(taken)[0]!r} belongs to another term")
         named = [column.name for column in columns]
-        clash = set(named) & {*metadata_columns(), *METADATA_KEYS} or len(set(named)) < len(named)
-        if clash:
-            raise ValueError(f"length term {name!r}: its columns {named} must be new dataset column names")
+        clash = set(named) & {*metadata_columns(), *METADATA_KEYS, *HOST_COLUMNS} or len(set(named)) < len(
+            named
+        )
+        if clash or any(column.width < 1 for column in columns):
+            raise ValueError(
+                f"length term {name!r}: its columns {named} must be new dataset column names (not a host's), "
+                "each at least one number wide"
+            )
         declared = (metadata, prepare, metrics, check, turned_on, record, tuple(columns))
         _REGISTRY[name] = Term(
             name, kind, order, dict(parameters), switches, outputs or (name,), compute, *declared
