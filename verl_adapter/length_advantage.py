@@ -26,12 +26,9 @@ import torch
 from verl.trainer.ppo import core_algos
 
 from trl_length_plugin.shaping import group_advantages
+from trl_length_plugin.shaping.normalization import verl_normalization
 
 from .length_config import LENGTH_GRPO
-
-#: verl's ``compute_grpo_outcome_advantage`` epsilon and one-row-group statistics
-VERL_GRPO_EPS = 1e-6
-VERL_SINGLE_ROW_STATS = (0.0, 1.0)
 
 _RAW_SCORES: ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = ContextVar(
     "length_grpo_raw", default=None
@@ -72,9 +69,7 @@ def compute_length_grpo_advantage(
         shaped,
         raw.to(shaped.device),
         np.unique(np.asarray(index, dtype=object), return_inverse=True)[1],
-        scale_by_std=scale_by_std,
-        std_eps=VERL_GRPO_EPS,
-        single_row_stats=VERL_SINGLE_ROW_STATS,
+        **vars(verl_normalization(scale_by_std)),
         plain_rows=host_rows,
     )
     advantages = advantage.unsqueeze(-1) * response_mask

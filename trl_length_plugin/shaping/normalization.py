@@ -58,6 +58,12 @@ def trl_normalization(scale_rewards: str) -> GroupNormalization:
 TRL_NORMALIZATION = trl_normalization("group")
 
 
+def verl_normalization(norm_adv_by_std: bool) -> GroupNormalization:
+    """verl ``compute_grpo_outcome_advantage``'s normalization for ``algorithm.norm_adv_by_std_in_grpo``:
+    epsilon 1e-6, a one-row group with mean 0 and std 1 (its ``length_grpo`` estimator's)."""
+    return GroupNormalization(scale_by_std=norm_adv_by_std, std_eps=1e-6, single_row_stats=(0.0, 1.0))
+
+
 def _inputs(shaped: Any, raw: Any, group_index: Any) -> tuple[torch.Tensor, torch.Tensor, GroupLayout]:
     values = as_float_tensor(shaped, "shaped")
     truth = as_float_tensor(raw, "raw").double()
