@@ -15,10 +15,13 @@ from trl_length_plugin.score_centering.estimator import (
     sampled_token_weights_from_logprobs,
 )
 from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
-from trl_length_plugin.shaping import RolloutBatch, group_advantages
-from trl_length_plugin.shaping.config import load_shaping_config
-from trl_length_plugin.shaping.normalization import GroupNormalization
-from trl_length_plugin.shaping.run import ShapingRun
+from trl_length_plugin.shaping import (
+    GroupNormalization,
+    RolloutBatch,
+    ShapingRun,
+    group_advantages,
+    load_shaping_config,
+)
 
 NORMALIZATION = GroupNormalization(scale_by_std=True, std_eps=1e-4)
 

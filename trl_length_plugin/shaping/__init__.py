@@ -1,6 +1,7 @@
 """Framework-free length shaping (docs/reference/length-penalties.md, docs/reference/length-coefficient.md):
 the typed config, the eight group length algorithms, the length coefficient, its group normalization and
-filter, length measurement, log lines, and :func:`shape_rollouts`, the one step every host runs.
+filter, length measurement, log lines, :func:`shape_rollouts`, the one step every host runs, and
+:class:`ShapingRun`, the run object every host holds (docs/write-a-host.md).
 
 Needs only torch, numpy and pydantic (docs/reference/product.md §1.2). Names are exported lazily, so
 ``trl_length_plugin.shaping.config`` imports with pydantic alone (the command line validates a recipe with
@@ -45,9 +46,17 @@ _EXPORTS = {
     "ShapingResult": "pipeline",
     "shape_rollouts": "pipeline",
     "GroupRecord": "records",
+    "entry_key": "rows",
+    "metadata_entries": "rows",
+    "metadata_entry": "rows",
+    "truncated_rows": "rows",
+    "ShapingRun": "run",
     "format_group_record": "records",
     "log_group_records": "records",
     "add_target_lengths": "targets",
+    "PromptColumn": "terms",
+    "metadata_columns": "terms",
+    "register_term": "terms",
     "prompt_with_target": "targets",
 }
 
