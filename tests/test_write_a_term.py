@@ -141,8 +141,7 @@ def toy_budget(view, inputs):
     return {"toy_budget": -view.p("toy_budget_penalty") * over}
 
 
-@pytest.fixture
-def budget_term():
+def register_budget_term() -> None:
     register_term(
         "toy_budget",
         kind="additive",
@@ -152,6 +151,11 @@ def budget_term():
         columns=(PromptColumn("toy_budget", toy_budget_value, "docs/write-a-term.md"),),
         prepare=toy_budget_prepare,
     )(toy_budget)
+
+
+@pytest.fixture
+def budget_term():
+    register_budget_term()
     yield
     unregister_term("toy_budget")
 
@@ -240,15 +244,7 @@ def test_a_cache_started_before_a_term_registers_starts_afresh():
     column (or removing it) empties it, so no cached row lacks or misplaces a column."""
     cache = MetadataCache()
     cache.lookup(["a"], lambda new: [{"target_length": 5}])
-    register_term(
-        "toy_budget",
-        kind="additive",
-        order=11,
-        parameters=BUDGET_PARAMETERS,
-        switches=("toy_budget_penalty",),
-        columns=(PromptColumn("toy_budget", toy_budget_value, "docs/write-a-term.md"),),
-        prepare=toy_budget_prepare,
-    )(toy_budget)
+    register_budget_term()
     try:
         table = cache.lookup(["a", "b"], lambda new: [{"target_length": 5, "toy_budget": 7}] * len(new))
         assert table.columns["toy_budget"][:, 0].tolist() == [7.0, 7.0] and cache.parsed == 3
