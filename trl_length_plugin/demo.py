@@ -23,6 +23,8 @@ from pathlib import Path
 
 from trl_length_plugin.embedded import reasoning
 
+#: the demo never reaches the Hub: these are set to 1 unless the caller set them
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 ACCURACY_KEY = "rewards/correctness_reward/mean"
 LENGTH_KEY = "completions/mean_length"
 #: GRPO settings of the demo and of every arm of bench/bench_efficacy.py: 4 prompts x 8 completions a step
@@ -389,11 +391,7 @@ def versus(a: dict, b: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    for var in (
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-        "HF_DATASETS_OFFLINE",
-    ):  # no Hub, and no env change on import
+    for var in OFFLINE_VARIABLES:  # set when the demo runs, not when it is imported
         os.environ.setdefault(var, "1")
     args = parse_args(argv)
     import torch

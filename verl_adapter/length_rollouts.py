@@ -58,10 +58,11 @@ def prompt_fingerprints(prompts: torch.Tensor) -> list[tuple[int, int, int]]:
     return list(zip(lengths.tolist(), hashes[0].tolist(), hashes[1].tolist(), strict=True))
 
 
-def last_tokens(responses: torch.Tensor) -> torch.Tensor:
-    """Each row's last response token (its first position when empty)."""
-    ids, lengths = padded(responses).long(), row_lengths(responses)
-    return ids[torch.arange(ids.shape[0]), (lengths - 1).clamp(min=0)]
+def last_values(values: torch.Tensor) -> torch.Tensor:
+    """Each row's value at its last position (its first when the row is empty) of a TransferQueue response
+    field, in the field's dtype."""
+    table, lengths = padded(values), row_lengths(values)
+    return table[torch.arange(table.shape[0]), (lengths - 1).clamp(min=0)]
 
 
 def check_single_output_sessions(keys: Sequence[str]) -> None:
@@ -162,9 +163,8 @@ class RolloutShaper:
         data = fetch(list(keys), self.fields)
         present = set(data.keys())  # a TensorDict refuses ``key in td``
         scores = padded(data["rm_scores"]).double()
-        lengths = row_lengths(data["rm_scores"])
         raw = scores.sum(-1)
-        last = scores[torch.arange(scores.shape[0]), (lengths - 1).clamp(min=0)]
+        last = last_values(data["rm_scores"]).double()
         uids = np.asarray(list(data["uid"]), dtype=object)
         agents = np.asarray(list(data["data_source"]), dtype=object) if "data_source" in present else None
         layout = GroupLayout(np.unique(uids, return_inverse=True)[1])
@@ -216,9 +216,10 @@ class RolloutShaper:
 
             def entries(new: list) -> list:
                 rows = [row_of[prompt] for prompt in new]
-                data = fetch(rows, [*metadata_columns(), "extra_info"])
+                names = metadata_columns()
+                data = fetch(rows, [*names, "extra_info"])
                 present = set(data.keys())  # a TensorDict refuses ``key in td``
-                columns = {key: list(data[key]) for key in metadata_columns() if key in present}
+                columns = {key: list(data[key]) for key in names if key in present}
                 nested = list(data["extra_info"]) if "extra_info" in present else [None] * len(rows)
                 return metadata_entries(columns, len(rows), nested)
 
@@ -234,7 +235,9 @@ class RolloutShaper:
             raise ValueError("length_penalty.truncation needs data.max_response_length")
         stops = [self.tokenizer.eos_token_id, self.tokenizer.pad_token_id]
         responses = data["responses"]
-        return truncated_rows(last_tokens(responses), row_lengths(responses), stops, self.max_response_length)
+        return truncated_rows(
+            last_values(responses).long(), row_lengths(responses), stops, self.max_response_length
+        )
 
     def shape_groups(self, fetch: Callable, keys: Sequence[str]) -> ShapedRows:
         """Shape finished groups ahead of the advantage step and keep them by ``uid``."""

@@ -150,8 +150,11 @@ def merge_group_metadata(
         )
         absent = torch.isnan(own[:, :1])
         bands[channel] = torch.where(absent, torch.tensor(default, dtype=torch.float64), own)
-    reads = {PROFILED: read_profiles, TARGET: read_target, **dict.fromkeys(prompts.columns, False)}
-    reads.update(dict.fromkeys(read_columns, True))
+    reads = {
+        PROFILED: read_profiles,
+        TARGET: read_target,
+        **{name: name in read_columns for name in prompts.columns},
+    }
     for column, key in enumerate(metadata_keys()):
         read = reads.get(key, read_bands)
         invalid[key] = prompts.invalid[:, column] if read else torch.zeros(num_groups, dtype=torch.bool)

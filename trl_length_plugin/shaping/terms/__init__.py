@@ -118,12 +118,12 @@ class Parameter:
 @dataclass(frozen=True)
 class PromptColumn:
     """A per-prompt dataset column a term brings (docs/reference/length-penalties.md §2.14): read from the
-    top level of each row (or verl's ``extra_info``) like the core's columns, parsed once per prompt, cached for
-    the run, and given to the term per group as ``GroupMetadata.columns[name]`` (``width`` float64 values,
+    top level of each row (or verl's ``extra_info``) like the core's columns, parsed once per prompt, cached
+    for the run, and given to the term per group as ``GroupMetadata.columns[name]`` (``width`` float64 values,
     NaN where the prompt has none or a malformed one).
 
-    ``parse(value)``: one present entry as ``width`` numbers (a number when ``width`` is 1); a malformed entry
-    raises ``ValueError`` or ``TypeError``, and is then flagged, warned about and counted in
+    ``parse(value)``: one present entry as ``width`` numbers (a number when ``width`` is 1); it raises for a
+    malformed entry (any error), which is then flagged, warned about and counted in
     ``length_penalty/invalid_metadata_frac``, never raised out of the shaping (as the core's columns).
     ``cite``: where the column is specified."""
 
@@ -133,10 +133,10 @@ class PromptColumn:
     width: int = 1
 
     def read(self, values: list[Any], malformed: object = None) -> tuple[Any, Any]:
-        """(n, width) float64 values of the column's entries (NaN where absent or malformed) and (n,)
-        malformed flags: each present entry through ``parse``; an entry that is ``malformed`` (the row was not a
-        mapping), any error of the parser, a wrong count or a non-finite number flags it: a term's parser
-        never stops the shaping (§2.14)."""
+        """(n, width) float64 values of the column's entries (None: absent; NaN where absent or malformed) and
+        (n,) malformed flags: each present entry through ``parse``; an entry that is the caller's
+        ``malformed`` marker (its row was not a mapping), any error of the parser, a wrong count or a
+        non-finite number flags it: a term's parser never stops the shaping (§2.14)."""
         import numpy as np
 
         parsed = np.full((len(values), self.width), np.nan)
@@ -169,8 +169,8 @@ class TermInputs:
 Compute = Callable[["GroupView", TermInputs], "dict[str, torch.Tensor]"]
 #: ``record(params, values, shaped)``: a group's entries in its verbose record, ``{name: value}`` (a mapping
 #: value is printed as one line of ``key=value`` pairs, anything else as ``name=value``; None is left out),
-#: from the agent's parameters, the group's values of the term's ``prepare`` (and a gate's outputs: a term without
-#: them is not asked), each a number or a list of numbers, and whether the group was shaped
+#: from the agent's parameters, the group's values of the term's ``prepare`` (and a gate's outputs: a term
+#: without them is not asked), each a number or a list of numbers, and whether the group was shaped
 Record = Callable[[Any, "dict[str, Any]", bool], "dict[str, Any]"]
 
 
