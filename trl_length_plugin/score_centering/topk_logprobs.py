@@ -7,7 +7,10 @@ gradients, and without a ``tokens x vocabulary`` tensor.
 * Full vocabulary (default): one custom autograd function projects ``[tokens, vocab]`` tiles (chunked over
   tokens and vocabulary), folds each into an online logsumexp and gathers the sampled and head logits from
   the tile they fall in. The backward recomputes each tile and turns it into the logit gradient
-  ``sum_c g_c [j = id_c] - (sum_c g_c) p_j`` (plus the entropy term when asked), accumulated in fp32.
+  ``sum_c g_c [j = id_c] - (sum_c g_c) p_j`` (plus the entropy term when asked) in fp32, then, as the
+  materialized path's autograd does, casts it to the projection's dtype for the two matmuls (bf16 tensor
+  cores on a GPU; fp32 matmuls there cost 4x the step, docs/benchmarks.md "On a GPU") and sums the tiles'
+  products in fp32.
   Cost: the matmuls of a sampled-token-only chunked head (TRL's fused head), plus ``[tokens, K]`` gathers.
 * Sampler replay (``score-centering.md``, "Sampling filters"): p is renormalized over the head slots the
   sampler kept (finite sampler logprob). Only the K head rows of the weight are gathered and a logsumexp over
@@ -136,6 +139,14 @@ def _local_columns(ids: torch.Tensor, vocab: slice) -> tuple[torch.Tensor, torch
     return local.clamp(0, vocab.stop - vocab.start - 1), inside
 
 
+def _add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``out += a @ b``: fused when the matmul runs in the accumulator's dtype, else its product added."""
+    if a.dtype == out.dtype:
+        out.addmm_(a, b)
+    else:
+        out.add_(a @ b)
+
+
 class _FullVocabularyLogprobs(torch.autograd.Function):
     """log p at ``ids [N, C]`` normalized over the whole vocabulary, and the entropy; tiled both ways."""
 
@@ -202,12 +213,13 @@ class _FullVocabularyLogprobs(torch.autograd.Function):
                     local, inside = _local_columns(ids[tokens], vocab)
                     grad.scatter_add_(1, local, torch.where(inside, grad_logprobs[tokens].to(acc_dtype), 0.0))
                 grad = ctx.tiling.transform.backward_(grad, derivative)
-                if grad_hidden is not None:
-                    grad_hidden[tokens].addmm_(grad, w.to(acc_dtype))
-                if grad_weight is not None:
-                    grad_weight[vocab].addmm_(grad.t(), h.to(acc_dtype))
                 if grad_bias is not None:
-                    grad_bias[vocab] += grad.sum(0)
+                    grad_bias[vocab].add_(grad.sum(0))
+                grad = grad.to(ctx.tiling.compute_dtype)  # the projection's matmuls in its own dtype
+                if grad_hidden is not None:
+                    _add_product(grad_hidden[tokens], grad, w)
+                if grad_weight is not None:
+                    _add_product(grad_weight[vocab], grad.t(), h)
         return (
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grad_weight is None else grad_weight.to(weight.dtype),
