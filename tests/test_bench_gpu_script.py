@@ -16,4 +16,5 @@ def test_smoke_run_writes_every_case(tmp_path, monkeypatch, capsys):
         row["case"] for row in json.loads((tmp_path / "score_centering_gpu.json").read_text())["results"]
     ]
     assert "top-k K=16: time" in cases and "score centering K=16 (tis): step time" in cases
+    assert "logprobs_at_ids K=16: time" in cases
     assert "ratio" in capsys.readouterr().out

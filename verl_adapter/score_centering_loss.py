@@ -7,7 +7,7 @@ marks each update's micro-batches with verl's top-k logits hook (``distillation_
 
 1. as the logits processor, on the temperature-scaled logits of the packed micro-batch (after the Ulysses
    slice): the trainer's logprobs of the sampled token and at the sampler's K ids in one op
-   (``logprobs_at_ids``: a chunked logsumexp, no probability tensor), the correction C and the §5.6 values
+   (``logprobs_at_ids``: a chunked log-softmax, no probability tensor kept), the correction C and the §5.6 values
    per token from one head computation (``score_centering_outputs``). Every output is per token, so verl
    gathers it over sequence-parallel ranks and unpacks it exactly as it does ``log_probs``; the sampled
    token's logprob *is* ``log_probs``. The sampler fields are token-aligned (row j holds the head of token j,

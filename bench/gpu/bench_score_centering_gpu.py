@@ -7,13 +7,17 @@ needs only torch, transformers and this checkout (the core imports with torch al
    K = 0 (the sampled token only: what TRL's fused head computes) and vs materialized full-vocabulary
    logits (``log_softmax`` and a gather). CUDA-event time (median of ``--repeat``) and peak allocated memory
    above the inputs.
-2. ``model``: a training step's loss side on a random-weight model of Qwen2.5-0.5B's config (24 layers,
+2. ``logits``: ``logprobs_at_ids``, verl's path (its actor hands over the ``[tokens, V]`` logits), at the same
+   V and tokens on bf16 logits, forward + backward (the gradient written into the logits, as verl's own
+   log-softmax does), K = 16 and K = 0, vs a materialized fp32 ``log_softmax`` and gather of the sampled
+   token (torch's path; verl's flash-attn cross-entropy is not on the machine).
+3. ``model``: a training step's loss side on a random-weight model of Qwen2.5-0.5B's config (24 layers,
    hidden 896, V = 151,936, bf16): backbone forward, the head, a policy-gradient loss (plus ``A * C`` from
    ``compute_score_centering_term`` with score centering), backward and an AdamW step, for 8 rows x 1,024
    tokens (768 completion). The trainer's steps without TRL or vLLM on the machine: the sampler heads are
    drawn from the model's own distribution with a perturbation, as a bf16 engine would give them.
 
-    python -m bench.gpu.bench_score_centering_gpu [--sections function,model] [--repeat 10]
+    python -m bench.gpu.bench_score_centering_gpu [--sections function,logits,model] [--repeat 10]
     python -m bench.gpu.bench_score_centering_gpu --smoke   # tiny sizes on CPU: checks the script runs
 
 Prints ``case | measured | baseline | ratio`` lines and writes them as JSON to ``$OUT/score_centering_gpu.json``
@@ -34,7 +38,7 @@ import torch
 
 from bench._harness import header, report
 from trl_length_plugin.score_centering.estimator import compute_score_centering_term
-from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering.topk_logprobs import logprobs_at_ids, policy_logprobs_at_sampler_topk
 
 FULL = dict(vocab=151_936, hidden=896, tokens=4096, rows=8, length=1024, completion=768, layers=24)
 SMOKE = dict(vocab=2048, hidden=64, tokens=256, rows=2, length=48, completion=32, layers=2)
@@ -139,6 +143,37 @@ def function_section(sizes: dict, device: torch.device, meter: Meter) -> None:
         record(f"top-k {name}: peak memory", mib, base_mib, "MB")
 
 
+def logits_section(sizes: dict, device: torch.device, meter: Meter) -> None:
+    torch.manual_seed(0)
+    tokens, vocab = sizes["tokens"], sizes["vocab"]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    source = torch.randn(tokens, vocab, device=device, dtype=dtype).requires_grad_(True)
+    sampled = torch.randint(0, vocab, (tokens, 1), device=device)
+    heads = torch.cat([sampled, torch.randint(0, vocab, (tokens, 16), device=device)], 1)
+
+    def step(ids, plugin=True):
+        def run():
+            logits = source * 1.0  # the backbone's output: not a leaf, so the backward may write into it
+            if plugin:
+                out = logprobs_at_ids(logits, ids, inplace_backward=True)
+            else:
+                out = logits.float().log_softmax(-1).gather(-1, ids)
+            out.sum().backward()
+            source.grad = None
+
+        return run
+
+    base_ms, base_mib = meter(step(sampled, plugin=False))
+    header(f"logprobs_at_ids (verl's path), V={vocab} N={tokens} {dtype} logits, fwd+bwd on {device}")
+    print(
+        f"# materialized fp32 log_softmax + gather (sampled token): {base_ms:.2f} ms, peak {base_mib:.0f} MiB"
+    )
+    for name, ids in (("K=0", sampled), ("K=16", heads)):
+        ms, mib = meter(step(ids))
+        record(f"logprobs_at_ids {name}: time", ms, base_ms, "ms")
+        record(f"logprobs_at_ids {name}: peak memory", mib, base_mib, "MB")
+
+
 def qwen2_05b(sizes: dict):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -214,7 +249,7 @@ def model_section(sizes: dict, device: torch.device, meter: Meter) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="function,model")
+    parser.add_argument("--sections", default="function,logits,model")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU")
     args = parser.parse_args(argv)
@@ -228,6 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     sections = args.sections.split(",")
     if "function" in sections:
         function_section(sizes, device, meter)
+    if "logits" in sections:
+        logits_section(sizes, device, meter)
     if "model" in sections:
         model_section(sizes, device, meter)
     print(f"# {time.perf_counter() - started:.0f} s")

@@ -387,19 +387,20 @@ def policy_logprobs_at_sampler_topk(
 
 
 class _LogprobsAtIdsFromLogits(torch.autograd.Function):
-    """log_softmax(logits) at ``ids [N, C]``, chunked over tokens; saves the logits by reference and the
-    ``[N]`` log-normalizers, never a probability tensor (the backward recomputes them chunk by chunk). With
-    ``inplace`` the backward writes the logit gradient into the saved logits."""
+    """log_softmax(logits) at ``ids [N, C]``, chunked over tokens; saves the logits by reference and the ids,
+    never a probability tensor (the backward recomputes the softmax chunk by chunk). Each chunk is one fused
+    ``log_softmax``/``softmax`` in fp32 at least, read straight from the logits' dtype. With ``inplace`` the
+    backward writes the logit gradient into the saved logits."""
 
     @staticmethod
     def forward(ctx, logits, ids, chunk_size: int, inplace: bool):
         ctx.set_materialize_grads(False)
         acc = torch.promote_types(logits.dtype, torch.float32)
-        log_normalizer = torch.empty(logits.shape[0], device=logits.device, dtype=acc)
+        logprobs = torch.empty(ids.shape, device=logits.device, dtype=acc)
         for t0 in range(0, logits.shape[0], chunk_size):
-            log_normalizer[t0 : t0 + chunk_size] = logits[t0 : t0 + chunk_size].to(acc).logsumexp(-1)
-        logprobs = logits.gather(1, ids).to(acc) - log_normalizer.unsqueeze(1)
-        ctx.save_for_backward(logits, ids, log_normalizer)
+            rows = slice(t0, t0 + chunk_size)
+            logprobs[rows] = torch.log_softmax(logits[rows], -1, dtype=acc).gather(1, ids[rows])
+        ctx.save_for_backward(logits, ids)
         ctx.chunk_size, ctx.inplace = chunk_size, inplace
         return logprobs
 
@@ -407,13 +408,14 @@ class _LogprobsAtIdsFromLogits(torch.autograd.Function):
     def backward(ctx, grad_logprobs):
         if grad_logprobs is None:
             return None, None, None, None
-        logits, ids, log_normalizer = ctx.saved_tensors
+        logits, ids = ctx.saved_tensors
+        acc = torch.promote_types(logits.dtype, torch.float32)
         grad_logits = logits if ctx.inplace else torch.empty_like(logits)  # rows are read before written
         for t0 in range(0, logits.shape[0], ctx.chunk_size):
             rows = slice(t0, t0 + ctx.chunk_size)
-            g = grad_logprobs[rows].to(log_normalizer.dtype)
+            g = grad_logprobs[rows].to(acc)
             # d log p_c / dz_j = [j = c] - p_j
-            grad = (logits[rows].to(g.dtype) - log_normalizer[rows].unsqueeze(1)).exp_()
+            grad = torch.softmax(logits[rows], -1, dtype=g.dtype)
             grad.mul_(-g.sum(1, keepdim=True)).scatter_add_(1, ids[rows], g)
             grad_logits[rows] = grad.to(logits.dtype)
         return grad_logits, None, None, None
@@ -431,7 +433,7 @@ def logprobs_at_ids(
     ``ids [N, C]`` (the sampled token and the K head ids, any C); returns ``[N, C]`` in float32 (float64 for
     float64 logits), differentiable into the logits.
 
-    The forward keeps only the ``[N]`` log-normalizers besides the logits it was given; the backward writes
+    The forward keeps nothing besides the logits it was given and the ids; the backward writes
     the one ``[N, V]`` logit gradient any log-softmax backward needs, recomputing probabilities per chunk of
     ``token_chunk_size`` rows. ``inplace_backward`` writes that gradient into ``logits`` themselves (no
     ``[N, V]`` buffer), for a host whose logits nothing else uses in its backward (verl's rule for its own
