@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trl_length_plugin.score_centering.topk_logprobs import logprobs_at_ids, policy_logprobs_at_sampler_topk
 
@@ -343,32 +344,61 @@ def test_logprobs_at_ids_saves_no_probability_tensor_and_checks_ids():
         logprobs_at_ids(logits, ids[:3])
 
 
+class _MatmulDtypes(TorchDispatchMode):
+    """Records the operand dtypes of every matmul run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            self.dtypes |= {a.dtype for a in args if isinstance(a, torch.Tensor)}
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_backward_multiplies_in_the_projections_dtype(dtype):
+    """The backward's matmuls run in the projection's dtype (bf16 tensor cores on a GPU, docs/benchmarks.md
+    "On a GPU"), never in an fp32 copy of bf16 operands; fp32 stays fp32."""
+    hidden, weight, bias, ids, sampled = make_inputs(dtype=dtype)
+    out = policy_logprobs_at_sampler_topk(
+        hidden, weight, bias, sampled_ids=sampled, sampler_topk_ids=ids, vocab_chunk_size=32
+    )
+    with _MatmulDtypes() as matmuls:
+        (out.sampled.sum() + out.topk.sum()).backward()
+    assert matmuls.dtypes == {dtype}
+
+
 def test_bf16_gradient_is_as_precise_as_the_hosts_materialized_bf16_head():
     """The tiled backward rounds each tile's logit gradient to bf16 before its matmuls, as autograd through
-    ``(hidden @ weight.T).float().log_softmax(-1)`` does (the host's own bf16 head): against the float64
-    gradient from the same rounded inputs, its error stays within twice the host's, tiles split both ways."""
+    materialized logits does (the host's own bf16 head, here under autocast with fp32 leaves, a bias and
+    soft-capping): against the float64 gradient from the same bf16-rounded inputs, its relative error stays
+    within twice the host's, with small tiles split both ways."""
     g = torch.Generator().manual_seed(0)
     n, h, vocab, k = 96, 64, 1000, 8
-    hidden = torch.randn(n, h, generator=g).bfloat16().requires_grad_(True)
-    weight = (0.1 * torch.randn(vocab, h, generator=g)).bfloat16().requires_grad_(True)
+    hidden = torch.randn(n, h, generator=g).bfloat16().float().requires_grad_(True)
+    weight = (0.1 * torch.randn(vocab, h, generator=g)).bfloat16().float().requires_grad_(True)
+    bias = (0.1 * torch.randn(vocab, generator=g)).bfloat16().float().requires_grad_(True)
     ids, sampled = torch.randint(0, vocab, (n, k), generator=g), torch.randint(0, vocab, (n,), generator=g)
     w = torch.randn(n, k + 1, generator=g, dtype=torch.float64)
 
     def gradients(sampled_logprobs, topk_logprobs):
         loss = (sampled_logprobs.double() * w[:, 0]).sum() + (topk_logprobs.double() * w[:, 1:]).sum()
-        return torch.autograd.grad(loss, [hidden, weight])
+        return torch.autograd.grad(loss, [hidden, weight, bias])
 
-    out = policy_logprobs_at_sampler_topk(
-        hidden, weight, sampled_ids=sampled, sampler_topk_ids=ids, token_chunk_size=32, vocab_chunk_size=256
-    )
-    host = (hidden @ weight.t()).float().log_softmax(-1)
-    exact = (hidden.double() @ weight.double().t()).log_softmax(-1)
-    pairs = zip(
-        gradients(out.sampled, out.topk),
-        gradients(host.gather(1, sampled[:, None]).squeeze(1), host.gather(1, ids)),
-        gradients(exact.gather(1, sampled[:, None]).squeeze(1), exact.gather(1, ids)),
-        strict=True,
-    )
-    for ours, hosts, want in pairs:
-        assert ours.dtype == torch.bfloat16
-        assert (ours.double() - want).abs().max() <= 2 * (hosts.double() - want).abs().max()
+    def at_ids(logprobs):
+        return gradients(logprobs.gather(1, sampled[:, None]).squeeze(1), logprobs.gather(1, ids))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = policy_logprobs_at_sampler_topk(
+            hidden, weight, bias, sampled_ids=sampled, sampler_topk_ids=ids, final_logit_softcapping=3.0,
+            token_chunk_size=8, vocab_chunk_size=128,
+        )  # fmt: skip
+        logits = torch.nn.functional.linear(hidden, weight, bias)
+    assert logits.dtype == torch.bfloat16
+    host = (3.0 * torch.tanh(logits.float() / 3.0)).log_softmax(-1)
+    exact = (3.0 * torch.tanh((hidden.double() @ weight.double().t() + bias.double()) / 3.0)).log_softmax(-1)
+    for ours, hosts, want in zip(gradients(out.sampled, out.topk), at_ids(host), at_ids(exact), strict=True):
+        assert ours.dtype == torch.float32
+        assert (ours.double() - want).norm() <= 2 * (hosts.double() - want).norm()

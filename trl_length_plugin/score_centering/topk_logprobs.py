@@ -9,8 +9,8 @@ gradients, and without a ``tokens x vocabulary`` tensor.
   the tile they fall in. The backward recomputes each tile and turns it into the logit gradient
   ``sum_c g_c [j = id_c] - (sum_c g_c) p_j`` (plus the entropy term when asked) in fp32, then, as the
   materialized path's autograd does, casts it to the projection's dtype for the two matmuls (bf16 tensor
-  cores on a GPU; fp32 matmuls there cost 4x the step, docs/benchmarks.md "On a GPU") and sums the tiles'
-  products in fp32.
+  cores on a GPU; fp32 matmuls made the head 2.5x slower there, docs/benchmarks.md "On a GPU") and adds each
+  tile's product into fp32 accumulators.
   Cost: the matmuls of a sampled-token-only chunked head (TRL's fused head), plus ``[tokens, K]`` gathers.
 * Sampler replay (``score-centering.md``, "Sampling filters"): p is renormalized over the head slots the
   sampler kept (finite sampler logprob). Only the K head rows of the weight are gathered and a logsumexp over
@@ -140,7 +140,8 @@ def _local_columns(ids: torch.Tensor, vocab: slice) -> tuple[torch.Tensor, torch
 
 
 def _add_product(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``out += a @ b``: fused when the matmul runs in the accumulator's dtype, else its product added."""
+    """``out += a @ b``: one fused ``addmm_`` when the matmul runs in the accumulator's dtype (fp32 and fp64
+    inputs: the same operations as a plain fp32 backward), else the low-precision product added."""
     if a.dtype == out.dtype:
         out.addmm_(a, b)
     else:
