@@ -164,8 +164,8 @@ def logits_section(sizes: dict, device: torch.device, meter: Meter) -> None:
         return run
 
     base_ms, base_mib = meter(step(sampled, plugin=False))
-    name = "bf16" if dtype == torch.bfloat16 else "fp32"
-    header(f"logprobs_at_ids (verl's path), V={vocab} N={tokens} {name} logits, fwd+bwd on {device}")
+    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    header(f"logprobs_at_ids (verl's path), V={vocab} N={tokens} {precision} logits, fwd+bwd on {device}")
     print(
         f"# materialized fp32 log_softmax + gather (sampled token): {base_ms:.2f} ms, peak {base_mib:.0f} MiB"
     )
