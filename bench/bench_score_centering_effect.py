@@ -99,7 +99,7 @@ def rollouts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, **
             input_ids=ids,
             attention_mask=attention,
             do_sample=True,
-            temperature=1.0,
+            temperature=sampling.get("temperature", 1.0),
             top_k=sampling.get("top_k", 0),
             top_p=sampling.get("top_p", 1.0),
             max_new_tokens=max_new_tokens,

@@ -47,10 +47,18 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
 import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
-from bench.bench_efficacy import paired_interval, separates, slug  # noqa: E402
+from bench.bench_efficacy import paired_interval, separates, slug, warm_weights  # noqa: E402
 from bench.bench_score_centering_effect import chat_prompts_of, forward_logits, rollouts  # noqa: E402
-from trl_length_plugin import demo  # noqa: E402
+from bench.samplers import (  # noqa: E402
+    PRECISIONS,
+    Sampler,
+    load_sampler_weights,
+    make_sampler_model,
+    parse_sampler,
+)
+from trl_length_plugin import demo, real_task  # noqa: E402
 from trl_length_plugin.score_centering.estimator import (  # noqa: E402
     compute_score_centering_term,
     sampled_token_weights,
@@ -83,16 +91,53 @@ RATIO_BAND = (0.5, 2.0)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--task", choices=list(TASKS), default="reasoning", help="the embedded task or the real model's"
+    )
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--steps", type=int, default=demo.STEPS)
+    parser.add_argument(
+        "--sampler",
+        default="fp32",
+        help=f"the sampler's precision: {', '.join(PRECISIONS)} (bench/samplers.py)",
+    )
     parser.add_argument("--lag", type=int, default=4, help="optimizer steps the sampler's weights lag behind")
     parser.add_argument("--k", type=int, default=16, help="the sampler's top-k head (K)")
-    parser.add_argument("--learning-rate", type=float, default=demo.TRAINING["learning_rate"])
+    parser.add_argument("--learning-rate", type=float, default=None, help="default: the task's")
     parser.add_argument("--eval-samples", type=int, default=16, help="completions per held-out problem")
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="held-out figures every N steps too (0: at the end only)"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=50, help="a run's resumable state every N steps (0: none)"
+    )
     parser.add_argument("--arms", default="", help="comma-separated arm names (default all)")
     parser.add_argument("--out", default="outputs/score-centering-training")
     parser.add_argument("--png", default="docs/images/score_centering_training.png")
-    return parser.parse_args(argv)
+    parser.add_argument("--summary", default="", help="also write every run's record to this JSON file")
+    parser.add_argument(
+        "--from-summary", default="", help="regenerate the tables and the PNG from such a JSON file alone"
+    )
+    parser.add_argument(
+        "--measure",
+        default="",
+        help="comma-separated samplers (fp32,bf16,int8,int4): their mismatch with the warm model, no training",
+    )
+    args = parser.parse_args(argv)
+    args.sampler_setting = parse_sampler(args.sampler, args.lag)
+    if args.learning_rate is None:
+        args.learning_rate = TASKS[args.task].training["learning_rate"]
+    return args
+
+
+#: the tasks a run trains on: the embedded reasoning task and the real chat model's (docs/efficacy.md)
+TASKS = {"reasoning": demo.REASONING, "real": real_task.REAL}
+
+
+def batch_shape(task: demo.Task) -> tuple[int, int]:
+    """Prompts and completions per prompt of one step of ``task`` (its GRPO settings)."""
+    generations = task.training["num_generations"]
+    return task.training["per_device_train_batch_size"] // generations, generations
 
 
 def arm_loss(
@@ -106,7 +151,7 @@ def arm_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The token-mean loss of ``arm`` and the sampled tokens' ratio r (detached, 0 where masked).
 
-    ``trainer_logprobs`` ``[B, T, V]`` (log-softmax, differentiable), ``sampler_logprobs`` ``[B, T, V]`` (the lagging
+    ``trainer_logprobs`` ``[B, T, V]`` (log-softmax, differentiable), ``sampler_logprobs`` ``[B, T, V]`` (the
     sampler's full distribution; only its top-``k`` head and the sampled token's value enter, as vLLM
     returns them), ``tokens`` ``[B, T]``, ``mask`` ``[B, T]`` bool, ``advantages`` ``[B]``."""
     sampled = trainer_logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
@@ -130,9 +175,9 @@ def arm_loss(
     return loss, torch.where(mask, ratio, 0.0)
 
 
-def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, generations: int = GENERATIONS) -> torch.Tensor:
     """GRPO's advantages: rewards minus their group mean over the group std (TRL's scale, epsilon 1e-4)."""
-    groups = rewards.view(-1, GENERATIONS)
+    groups = rewards.view(-1, generations)
     return ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-4)).view(-1)
 
 
@@ -141,100 +186,186 @@ def token_kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
     return (log_a.exp() * (log_a - log_b)).sum(-1)
 
 
+def step_logprobs(model, sequences, mask, width: int, temperature: float) -> torch.Tensor:
+    """Float32 logprobs ``[B, T, V]`` at the generated positions, at the sampling temperature."""
+    logits = forward_logits(model, sequences, mask)[:, width - 1 : -1].float()
+    return (logits / temperature).log_softmax(-1)
+
+
+def mismatch(sampler_logprobs: torch.Tensor, trainer_logprobs: torch.Tensor, tokens, mask) -> dict:
+    """The sampler/trainer mismatch at the sampled tokens: KL(q || p) per token, the std of r = p(y)/q(y), the
+    share of r outside ``RATIO_BAND`` and the logprob gap, the mean |log p(y) - log q(y)|."""
+    log_r = (trainer_logprobs - sampler_logprobs).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)[mask]
+    ratio = log_r.exp()
+    return dict(
+        sampler_kl=token_kl(sampler_logprobs, trainer_logprobs)[mask].mean().item(),
+        ratio_std=ratio.std().item(),
+        ratio_outside=((ratio < RATIO_BAND[0]) | (ratio > RATIO_BAND[1])).float().mean().item(),
+        gap=log_r.abs().mean().item(),
+    )
+
+
+class Batch(NamedTuple):
+    """One step's rollouts: sequences, prompt width, attention mask, completion tokens and mask, rewards."""
+
+    sequences: torch.Tensor
+    width: int
+    full_mask: torch.Tensor
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    rewards: torch.Tensor
+
+
+def sample_batch(sampler, tokenizer, task: demo.Task, rows) -> Batch:
+    """``batch_shape(task)`` completions of ``rows`` from ``sampler`` at the task's temperature, scored."""
+    _, generations = batch_shape(task)
+    prompts = [p for p in chat_prompts_of(tokenizer, rows) for _ in range(generations)]
+    answers = [a for a in rows["answer"] for _ in range(generations)]
+    sequences, width, full_mask = rollouts(
+        sampler, tokenizer, prompts, task.max_length, temperature=task.training["temperature"]
+    )
+    texts = tokenizer.batch_decode(sequences[:, width:], skip_special_tokens=True)
+    rewards = torch.tensor(task.correctness(texts, answers), dtype=torch.float32)
+    return Batch(sequences, width, full_mask, sequences[:, width:], full_mask[:, width:], rewards)
+
+
+def held_out(model, warm, tokenizer, task: demo.Task, samples: int) -> dict:
+    """The held-out figures of ``model`` (``samples`` completions a problem at the training temperature) and its
+    KL to the ``warm`` model (None when ``warm`` is None)."""
+    problems = task.held_out()
+    completions = demo.sample(model, tokenizer, problems, samples, demo.HELD_OUT_SEED, task.max_length, task)
+    figures = {
+        key: value for key, value in demo.held_out_figures(completions, problems).items() if key != "levels"
+    }
+    if warm is not None:
+        figures["kl_to_warm"] = kl_to_warm(model, warm, tokenizer, completions, problems, task)
+    return figures
+
+
+def checkpoint_path(out: Path, arm: Arm, seed: int) -> Path:
+    return out / "checkpoints" / f"{slug(arm.name)}-seed{seed}.pt"
+
+
 def train_run(arm: Arm, seed: int, args: argparse.Namespace) -> dict:
-    """One run: ``args.steps`` GRPO steps of ``arm`` with a sampler ``args.lag`` steps behind, then the
-    held-out figures; the record stored as JSON."""
+    """One run: ``args.steps`` GRPO steps of ``arm`` with the sampler ``args.sampler_setting``, the held-out
+    figures every ``args.eval_every`` steps and at the end; the record stored as JSON. Every
+    ``args.checkpoint_every`` steps the run's state is saved, and a run with a saved state resumes from it."""
     import transformers
 
-    from trl_length_plugin.embedded import load_tokenizer, score_completion
+    from trl_length_plugin.embedded import load_tokenizer
 
     started = time.perf_counter()
-    task = demo.REASONING
+    task, setting = TASKS[args.task], args.sampler_setting
     model_dir = task.model_dir(seed)
     tokenizer = load_tokenizer(model_dir)
     warm = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    trainer, sampler = copy.deepcopy(warm), copy.deepcopy(warm)
+    trainer = copy.deepcopy(warm)
+    sampler = make_sampler_model(warm, setting)
     optimizer = torch.optim.AdamW(trainer.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    states = collections.deque(maxlen=args.lag + 1)  # the trainer's weights of the last lag + 1 steps
+    states = collections.deque(maxlen=setting.lag + 1)  # the trainer's weights of the last lag + 1 steps
     data = task.training_set(seed)
+    prompts, _ = batch_shape(task)
+    temperature = task.training["temperature"]
     torch.manual_seed(seed)
-    curve = []
-    for step in range(args.steps):
+    curve, evals, first, before = [], [], 0, 0.0
+    saved = checkpoint_path(Path(args.out), arm, seed)
+    if saved.exists():
+        state = torch.load(saved, weights_only=False)
+        if state["settings"] == settings(arm, args):
+            trainer.load_state_dict(state["trainer"])
+            optimizer.load_state_dict(state["optimizer"])
+            states.extend(state["states"])
+            curve, evals, first, before = state["curve"], state["evals"], state["step"], state["seconds"]
+            torch.set_rng_state(state["rng"])
+    for step in tqdm(range(first, args.steps), desc=f"{arm.name}, seed {seed}", unit="step", leave=False):
         states.append(copy.deepcopy(trainer.state_dict()))
-        sampler.load_state_dict(states[0])  # the weights of `lag` steps ago (the warm ones at first)
-        start = step * PROMPTS % len(data)
-        rows = data.select(range(start, start + PROMPTS))
-        prompts = [p for p in chat_prompts_of(tokenizer, rows) for _ in range(GENERATIONS)]
-        answers = [a for a in rows["answer"] for _ in range(GENERATIONS)]
-        sequences, width, full_mask = rollouts(sampler, tokenizer, prompts, task.max_length)
-        texts = tokenizer.batch_decode(sequences[:, width:], skip_special_tokens=True)
-        rewards = torch.tensor([score_completion(t, a) for t, a in zip(texts, answers, strict=True)])
-        tokens, mask = sequences[:, width:], full_mask[:, width:]
+        load_sampler_weights(
+            sampler, states[0], setting
+        )  # the weights of `lag` steps ago (the warm ones at first)
+        start = step * prompts % len(data)
+        batch = sample_batch(sampler, tokenizer, task, data.select(range(start, start + prompts)))
         with torch.no_grad():
-            sampler_logprobs = forward_logits(sampler, sequences, full_mask)[:, width - 1 : -1].log_softmax(
-                -1
+            sampler_logprobs = step_logprobs(
+                sampler, batch.sequences, batch.full_mask, batch.width, temperature
             )
         trainer.train()
-        logprobs = forward_logits(trainer, sequences, full_mask)[:, width - 1 : -1].log_softmax(-1)
-        loss, ratio = arm_loss(
-            logprobs, sampler_logprobs, tokens, mask, group_advantages(rewards), arm, args.k
-        )
+        logprobs = step_logprobs(trainer, batch.sequences, batch.full_mask, batch.width, temperature)
+        advantages = group_advantages(batch.rewards, batch_shape(task)[1])
+        loss, _ = arm_loss(logprobs, sampler_logprobs, batch.tokens, batch.mask, advantages, arm, args.k)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         trainer.eval()
-        kept = ratio[mask]
-        mismatch = token_kl(sampler_logprobs, logprobs.detach())[mask]
         curve.append(
             dict(
                 step=step + 1,
-                accuracy=rewards.mean().item(),
-                length=mask.sum(1).float().mean().item(),
-                ratio_std=kept.std().item(),
-                ratio_outside=((kept < RATIO_BAND[0]) | (kept > RATIO_BAND[1])).float().mean().item(),
-                sampler_kl=mismatch.mean().item(),
+                accuracy=batch.rewards.mean().item(),
+                length=batch.mask.sum(1).float().mean().item(),
+                **mismatch(sampler_logprobs, logprobs.detach(), batch.tokens, batch.mask),
             )
         )
-    held_out = task.held_out()
-    completions = demo.sample(
-        trainer, tokenizer, held_out, args.eval_samples, demo.HELD_OUT_SEED, task.max_length
-    )
+        del sampler_logprobs, logprobs, loss
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
+            evals.append(dict(step=step + 1, **held_out(trainer, warm, tokenizer, task, args.eval_samples)))
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0 and step + 1 < args.steps:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            state = dict(
+                settings=settings(arm, args),
+                trainer=trainer.state_dict(),
+                optimizer=optimizer.state_dict(),
+                states=list(states),
+                curve=curve,
+                evals=evals,
+                step=step + 1,
+                rng=torch.get_rng_state(),
+                seconds=before + time.perf_counter() - started,
+            )
+            torch.save(state, saved.with_suffix(".tmp"))
+            saved.with_suffix(".tmp").replace(saved)
+    final = held_out(trainer, warm, tokenizer, task, args.eval_samples)
+    evals.append(dict(step=args.steps, **final))
+    saved.unlink(missing_ok=True)
     return dict(
         arm=arm.name,
         seed=seed,
         settings=settings(arm, args),
-        eval={
-            **demo.held_out_figures(completions, held_out),
-            "kl_to_warm": kl_to_warm(trainer, warm, tokenizer, completions, held_out),
-        },
-        train={
-            key: statistics.fmean(row[key] for row in curve)
-            for key in ("ratio_std", "ratio_outside", "sampler_kl")
-        },
+        eval=final,
+        evals=evals,
+        train={key: statistics.fmean(row[key] for row in curve) for key in TRAIN_FIGURES},
         curve=curve,
-        seconds=time.perf_counter() - started,
+        seconds=before + time.perf_counter() - started,
     )
 
 
-def kl_to_warm(trained, warm, tokenizer, completions: list[dict], held_out) -> float:
-    """Mean per-token KL(trained || warm) at the positions of the trained model's held-out completions."""
+TRAIN_FIGURES = ("ratio_std", "ratio_outside", "sampler_kl", "gap")
+
+
+def kl_to_warm(
+    trained, warm, tokenizer, completions: list[dict], held_out, task: demo.Task = demo.REASONING
+) -> float:
+    """Mean per-token KL(trained || warm) at the positions of the trained model's held-out completions, at the
+    task's temperature, in chunks of about 2**24 logits."""
     total, count = 0.0, 0
     prompts = chat_prompts_of(tokenizer, held_out)
-    for start in range(0, len(completions), 256):
-        batch = completions[start : start + 256]
-        sequences = [prompts[c["row"]] + tokenizer.encode(c["text"], add_special_tokens=False) for c in batch]
-        width = max(len(s) for s in sequences)
+    temperature = task.training["temperature"]
+    sequences = [
+        prompts[c["row"]] + tokenizer.encode(c["text"], add_special_tokens=False) for c in completions
+    ]
+    rows = max(1, 2**24 // (max(map(len, sequences)) * trained.config.vocab_size))
+    for start in range(0, len(completions), rows):
+        batch, chunk = completions[start : start + rows], sequences[start : start + rows]
+        width = max(len(s) for s in chunk)
         ids = torch.full((len(batch), width), tokenizer.pad_token_id)
         mask = torch.zeros_like(ids, dtype=torch.bool)
         scored = torch.zeros_like(mask)
-        for row, (sequence, c) in enumerate(zip(sequences, batch, strict=True)):
+        for row, (sequence, c) in enumerate(zip(chunk, batch, strict=True)):
             ids[row, width - len(sequence) :] = torch.tensor(sequence)
             mask[row, width - len(sequence) :] = True
             scored[row, width - len(sequence) + len(prompts[c["row"]]) - 1 : width - 1] = True
         with torch.no_grad():
             kl = token_kl(
-                forward_logits(trained, ids, mask).log_softmax(-1),
-                forward_logits(warm, ids, mask).log_softmax(-1),
+                (forward_logits(trained, ids, mask).float() / temperature).log_softmax(-1),
+                (forward_logits(warm, ids, mask).float() / temperature).log_softmax(-1),
             )
         total += kl[scored].sum().item()
         count += int(scored.sum())
@@ -242,30 +373,58 @@ def kl_to_warm(trained, warm, tokenizer, completions: list[dict], held_out) -> f
 
 
 def settings(arm: Arm, args: argparse.Namespace) -> dict:
-    """Everything a run's result depends on (its loss, K where C is on, the sampling and training constants);
-    a stored run with other settings is redone."""
-    task = demo.REASONING
+    """Everything a run's result depends on (its loss, K where C is on, the sampler, the sampling and training
+    constants); a stored run with other settings is redone."""
+    task = TASKS[args.task]
+    prompts, generations = batch_shape(task)
     return dict(
+        task=task.name,
         mode=arm.mode,
         bounds=list(arm.bounds) if arm.bounds else None,
         centering=arm.centering,
         k=args.k if arm.centering else None,
         steps=args.steps,
+        sampler=args.sampler_setting.precision,
         lag=args.lag,
         learning_rate=args.learning_rate,
         eval_samples=args.eval_samples,
-        prompts=PROMPTS,
-        generations=GENERATIONS,
+        eval_every=args.eval_every,
+        prompts=prompts,
+        generations=generations,
+        temperature=task.training["temperature"],
         ratio_band=list(RATIO_BAND),
         max_length=task.max_length,
         warm_seed=task.warm_seed,
     )
 
 
+def warm_reference(args: argparse.Namespace) -> dict:
+    """The warm model's held-out figures at the runs' evaluation settings (the same for every seed: one warm
+    model, a fixed sampling seed), computed once and kept in ``--out``/warm.json."""
+    import transformers
+
+    from trl_length_plugin.embedded import load_tokenizer
+
+    task = TASKS[args.task]
+    path = Path(args.out) / "warm.json"
+    wanted = dict(task=task.name, eval_samples=args.eval_samples, temperature=task.training["temperature"])
+    stored = json.loads(path.read_text()) if path.exists() else None
+    if stored is None or stored["settings"] != wanted:
+        model_dir = task.model_dir(task.warm_seed or 0)
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        stored = dict(
+            settings=wanted,
+            model=model_dir.name,
+            weights=warm_weights(task, task.warm_seed or 0),
+            eval=held_out(model, None, load_tokenizer(model_dir), task, args.eval_samples),
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stored))
+    return stored
+
+
 def run_all(arms: list[Arm], seeds: list[int], args: argparse.Namespace) -> list[dict]:
     """Every (arm, seed) run, seed by seed; a stored run with these settings is read, not redone."""
-    from tqdm.auto import tqdm
-
     runs = Path(args.out) / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     records = []
@@ -278,6 +437,16 @@ def run_all(arms: list[Arm], seeds: list[int], args: argparse.Namespace) -> list
             path.write_text(json.dumps(stored))
         records.append(stored)
     return records
+
+
+def collapse_step(record: dict, warm_accuracy: float) -> int | None:
+    """The first evaluated step whose held-out accuracy is below the warm model's, or None."""
+    return next((e["step"] for e in record.get("evals", []) if e["accuracy"] < warm_accuracy), None)
+
+
+def accuracy_area(record: dict) -> float:
+    """The mean held-out accuracy (points) over a run's evaluated steps: how well it did along the way."""
+    return 100 * statistics.fmean(e["accuracy"] for e in record["evals"])
 
 
 FIGURES = (  # (key in the record, label, scale)
@@ -336,31 +505,94 @@ def tables(records: list[dict], arms: list[Arm]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: list[dict], arms: list[Arm], path: Path) -> Path:
-    """Training accuracy and the std of r per step, mean over seeds, one line per arm."""
+def trajectory_table(records: list[dict], arms: list[Arm], warm: dict) -> str:
+    """Per arm, how the held-out accuracy went along the run: its mean over the evaluated steps, the seeds
+    whose accuracy fell below the warm model's (collapse) and the first such step; then the mean over evaluated
+    steps paired per seed against no correction and against the arm's base loss, with 95% intervals."""
+    by_run = {(r["arm"], r["seed"]): r for r in records}
+    warm_accuracy = warm["eval"]["accuracy"]
+    lines = [
+        f"| arm | seeds | held-out accuracy over the evaluated steps (points) | runs below the warm model's "
+        f"{100 * warm_accuracy:.1f}% | first step below (per run) | logprob gap per token (mean) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        mine = [r for (name, _), r in sorted(by_run.items()) if name == arm.name]
+        if not mine:
+            continue
+        collapses = [collapse_step(r, warm_accuracy) for r in mine]
+        below = [str(step) for step in collapses if step is not None]
+        lines.append(
+            f"| {arm.name} | {len(mine)} | {statistics.fmean(map(accuracy_area, mine)):.1f} | "
+            f"{len(below)} of {len(mine)} | {', '.join(below) or '-'} | "
+            f"{statistics.fmean(r['train']['gap'] for r in mine):.4f} |"
+        )
+    names = [arm.name for arm in arms]
+    pairs = [(name, BASELINE) for name in names if name != BASELINE]
+    pairs += [pair for pair in CENTERING_PAIRS if set(pair) <= set(names) and pair not in pairs]
+    lines += [
+        "",
+        "| difference (per seed, paired) | seeds | accuracy over the evaluated steps (points) | separates |",
+    ]
+    lines.append("|---|---|---|---|")
+    for a, b in pairs:
+        seeds = sorted(seed for arm, seed in by_run if arm == a and (b, seed) in by_run)
+        if seeds:
+            interval = paired_interval(
+                [accuracy_area(by_run[a, s]) - accuracy_area(by_run[b, s]) for s in seeds]
+            )
+            lines.append(
+                f"| {a} − {b} | {len(seeds)} | {interval[0]:+.2f} [{interval[1]:+.2f}, {interval[2]:+.2f}] | "
+                f"{'yes' if separates(interval) else 'no'} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], arms: list[Arm], path: Path, title: str = "", warm: dict | None = None) -> Path:
+    """Per arm, mean over seeds: held-out accuracy at the evaluated steps (with the warm model's as a line),
+    training accuracy and the logprob gap per step (5-step means)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     for arm in arms:
-        curves = [r["curve"] for r in records if r["arm"] == arm.name]
-        if not curves:
+        mine = [r for r in records if r["arm"] == arm.name]
+        if not mine:
             continue
-        steps = [row["step"] for row in curves[0]]
         style = "-" if arm.centering else "--"
-        for ax, key in zip(axes, ("accuracy", "ratio_std", "sampler_kl"), strict=True):
-            values = [statistics.fmean(c[i][key] for c in curves) for i in range(len(steps))]
-            ax.plot(steps, smooth(values), style, label=arm.name)
-    for ax, title in zip(
-        axes, ("training accuracy (5-step mean)", "std of r = p(y)/q(y)", "KL(q || p) per token"), strict=True
+        evals = [r.get("evals", []) for r in mine]
+        if all(evals):
+            steps = [e["step"] for e in evals[0]]
+            axes[0].plot(
+                steps,
+                [100 * statistics.fmean(e[i]["accuracy"] for e in evals) for i in range(len(steps))],
+                style,
+            )
+        curves = [r["curve"] for r in mine]
+        steps = [row["step"] for row in curves[0]]
+        for ax, key, scale in ((axes[1], "accuracy", 100.0), (axes[2], "gap", 1.0)):
+            if all(key in c[0] for c in curves):
+                values = [scale * statistics.fmean(c[i][key] for c in curves) for i in range(len(steps))]
+                ax.plot(steps, smooth(values), style, label=arm.name)
+    if warm is not None:
+        axes[0].axhline(100 * warm["eval"]["accuracy"], color="k", lw=0.8, ls=":", label="warm model")
+        axes[0].legend(fontsize=8)
+    for ax, name in zip(
+        axes,
+        (
+            "held-out accuracy (%)",
+            "training accuracy (%, 5-step mean)",
+            "logprob gap |log p(y) - log q(y)| per token",
+        ),
+        strict=True,
     ):
-        ax.set_title(title)
+        ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle("score centering under a lagging sampler (embedded reasoning task, mean over seeds)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title or "score centering under a sampler/trainer mismatch (mean over seeds)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -372,19 +604,106 @@ def smooth(values: list[float], window: int = 5) -> list[float]:
     return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
+def measure(samplers: list[Sampler], args: argparse.Namespace, batches: int = 8) -> str:
+    """The mismatch each sampler has with the warm model it serves, before any training: ``batches`` steps'
+    rollouts of the first training problems (seed 0), sampled from the sampler and scored by the warm model in
+    float32 at the task's temperature; a markdown table."""
+    import transformers
+
+    from trl_length_plugin.embedded import load_tokenizer
+
+    task = TASKS[args.task]
+    model_dir = task.model_dir(0)
+    tokenizer = load_tokenizer(model_dir)
+    warm = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    data, (prompts, _) = task.training_set(0), batch_shape(task)
+    temperature = task.training["temperature"]
+    lines = [
+        "| sampler | tokens | KL(q ‖ p) per token | std of r | r outside [0.5, 2] (%) | logprob gap per token |",
+        "|---|---|---|---|---|---|",
+    ]
+    for setting in samplers:
+        sampler = make_sampler_model(warm, setting)
+        load_sampler_weights(sampler, warm.state_dict(), setting)
+        torch.manual_seed(0)
+        rows, count = [], 0
+        for b in range(batches):
+            batch = sample_batch(sampler, tokenizer, task, data.select(range(b * prompts, (b + 1) * prompts)))
+            with torch.no_grad():
+                q = step_logprobs(sampler, batch.sequences, batch.full_mask, batch.width, temperature)
+                p = step_logprobs(warm, batch.sequences, batch.full_mask, batch.width, temperature)
+            n = int(batch.mask.sum())
+            rows.append((n, mismatch(q, p, batch.tokens, batch.mask)))
+            count += n
+        mean = {key: sum(n * m[key] for n, m in rows) / count for key in rows[0][1]}
+        lines.append(
+            f"| {setting.precision} | {count} | {mean['sampler_kl']:.2e} | {mean['ratio_std']:.4f} | "
+            f"{100 * mean['ratio_outside']:.3f} | {mean['gap']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_summary(records: list[dict], warm: dict, path: Path) -> Path:
+    """Every run's record (curves rounded to 5 significant digits) and the warm model's figures, as one JSON."""
+
+    def rounded(value):
+        return float(f"{value:.5g}") if isinstance(value, float) else value
+
+    runs = []
+    for r in sorted(records, key=lambda r: (r["arm"], r["seed"])):
+        curve = [{key: rounded(value) for key, value in row.items()} for row in r["curve"]]
+        runs.append({**r, "curve": curve})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(warm=warm, runs=runs)) + "\n")
+    return path
+
+
+def report(records: list[dict], arms: list[Arm], warm: dict, png: Path) -> None:
+    """The tables and the PNG of a grid's records."""
+    first = records[0]["settings"]
+    name = f"{first['sampler']} sampler" + (f", lag {first['lag']}" if first["lag"] else "")
+    print(
+        f"\n# {first['task']} task, warm model {warm.get('model', '')} (weights {warm.get('weights', '')}), "
+        f"{name}, K = {args_k(records)}, {first['steps']} steps, seeds "
+        f"{','.join(str(s) for s in sorted({r['seed'] for r in records}))}"
+    )
+    print(tables(records, arms))
+    if all(r.get("evals") for r in records):
+        print()
+        print(trajectory_table(records, arms, warm))
+    title = f"score centering, {name} ({first['task']} task, {first['steps']} steps, mean over seeds)"
+    print(f"\nwrote {plot(records, arms, png, title, warm)}")
+
+
+def args_k(records: list[dict]) -> int | None:
+    return next((r["settings"]["k"] for r in records if r["settings"]["k"] is not None), None)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    if args.from_summary:
+        stored = json.loads(Path(args.from_summary).read_text())
+        names = {r["arm"] for r in stored["runs"]}
+        return report(
+            stored["runs"], [arm for arm in ARMS if arm.name in names], stored["warm"], Path(args.png)
+        )
+    if args.measure:
+        samplers = [parse_sampler(name.strip()) for name in args.measure.split(",")]
+        print(f"# {args.task} task: each sampler against the warm model it serves, before training")
+        return print(measure(samplers, args))
     wanted = [name.strip() for name in args.arms.split(",") if name.strip()]
     arms = [arm for arm in ARMS if not wanted or arm.name in wanted]
     seeds = [int(s) for s in args.seeds.split(",")]
     started = time.perf_counter()
+    warm = warm_reference(args)
     records = run_all(arms, seeds, args)
-    print(f"\n# lag {args.lag} steps, K = {args.k}, {args.steps} steps, seeds {args.seeds}")
-    print(tables(records, arms))
+    if args.summary:
+        write_summary(records, warm, Path(args.summary))
+    report(records, arms, warm, Path(args.png))
     print(
-        f"\nwrote {plot(records, arms, Path(args.png))}; wall time {time.perf_counter() - started:.0f} s "
-        f"({sum(r['seconds'] for r in records) / 60:.1f} min of run time)"
+        f"wall time {time.perf_counter() - started:.0f} s ({sum(r['seconds'] for r in records) / 60:.1f} min of run "
+        "time)"
     )
 
 
