@@ -318,9 +318,8 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool 
     held_out = demo.sample(
         model, tokenizer, held_out_problems, task.eval_samples, demo.HELD_OUT_SEED, task.max_length, task
     )
-    evaluated = dict(
-        settings=warm_settings(task, profiled), eval=demo.held_out_figures(held_out, held_out_problems)
-    )
+    figures = demo.held_out_figures(held_out, held_out_problems, tokenizer, task.report)
+    evaluated = dict(settings=warm_settings(task, profiled), eval=figures)
     if not profiled:
         return {**evaluated, "profiles": {}}
     problems = demo.distinct_problems(task.training_set(seed))
@@ -344,7 +343,9 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool 
 
 def described(task: demo.Task) -> str:
     """The task as the plots' titles name it."""
-    return f"{task.real_model}, one-step arithmetic" if task.real_model else f"the embedded {task.name} task"
+    if task.real_model:
+        return f"{task.real_model}, {'word problems' if task.report is not demo.reasoning.step_report else 'one-step arithmetic'}"
+    return f"the embedded {task.name} task"
 
 
 def with_task(stored: dict, task: demo.Task) -> dict:
@@ -602,6 +603,11 @@ def level_means(evals: list[dict]) -> list[dict] | None:
             length=statistics.fmean(f["length"] for f in runs),
             skipped=100 * statistics.fmean(f["skipped"] for f in runs),
             redundant=statistics.fmean(f["redundant"] for f in runs),
+            redundant_share=(
+                100 * statistics.fmean(f["redundant_share"] for f in runs)
+                if all("redundant_share" in f for f in runs)
+                else None
+            ),
         )
         for level, runs in sorted(by_level.items())
     ]
@@ -635,6 +641,8 @@ def summarize(records: list[dict], arms: list[Arm]) -> list[dict]:
             key: statistics.fmean(r["shaping"].get(key, 0.0) for r, _ in pairs) for key in STATS
         }
         row["levels"] = level_means([r["eval"] for r, _ in pairs])
+        if all("redundant_share" in r["eval"] for r, _ in pairs):
+            row["redundant_share"] = mean_spread([100 * r["eval"]["redundant_share"] for r, _ in pairs])
         rows.append(row)
     return rows
 
@@ -659,10 +667,13 @@ def level_table(rows: list[dict], warm: list[dict]) -> list[str]:
     if not named:
         return []
     numbers = [figures["level"] for figures in named[0][1]]
+    shares = all(f.get("redundant_share") is not None for _, levels in named for f in levels)
     lines = [
         "",
         "Accuracy per level (held out, mean over seeds; per level: accuracy %, length in tokens, completions "
-        "skipping necessary steps %, redundant clauses per completion):",
+        "skipping necessary steps %, redundant clauses per completion"
+        + (" (their share of the tokens, %)" if shares else "")
+        + "):",
         "",
         "| arm | "
         + " | ".join(f"level {k}: accuracy / length / skipping / redundant" for k in numbers)
@@ -672,6 +683,7 @@ def level_table(rows: list[dict], warm: list[dict]) -> list[str]:
     for name, levels in named:
         cells = [
             f"{f['accuracy']:.1f} / {f['length']:.1f} / {f['skipped']:.1f} / {f['redundant']:.2f}"
+            + (f" ({f['redundant_share']:.0f}%)" if shares else "")
             for f in levels
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -681,17 +693,23 @@ def level_table(rows: list[dict], warm: list[dict]) -> list[str]:
 def markdown_tables(rows: list[dict], warm: list[dict]) -> str:
     """The results table (warm start first), the table of paired intervals, the table of shaping metrics and,
     where the runs have difficulty levels, the accuracy per level."""
+    shares = all("redundant_share" in r for r in rows) and all("redundant_share" in w["eval"] for w in warm)
+    share_head, share_rule = (" redundant tokens (%) |", "---|") if shares else ("", "")
+    warm_share = (
+        f" {_pm(mean_spread([100 * w['eval']['redundant_share'] for w in warm]))} |" if shares else ""
+    )
     lines = [
         "| arm | held-out length (tokens) | length vs plain | held-out accuracy (%) | accuracy vs plain "
-        "(points) | train length (tokens) | train accuracy (%) |",
-        "|---|---|---|---|---|---|---|",
+        f"(points) |{share_head} train length (tokens) | train accuracy (%) |",
+        f"|---|---|---|---|---|{share_rule}---|---|",
         f"| warm start, before RL | {_pm(mean_spread([w['eval']['length'] for w in warm]))} | | "
-        f"{_pm(mean_spread([100 * w['eval']['accuracy'] for w in warm]))} | | | |",
+        f"{_pm(mean_spread([100 * w['eval']['accuracy'] for w in warm]))} | |{warm_share} | |",
     ]
     for r in rows:
+        share = f" {_pm(r['redundant_share'])} |" if shares else ""
         lines.append(
             f"| {r['arm'].name} | {_pm(r['eval_length'])} | {_pm(r['length_change'], sign='+')}% "
-            f"| {_pm(r['eval_accuracy'])} | {_pm(r['accuracy_change'], sign='+')} | {_pm(r['train_length'])} "
+            f"| {_pm(r['eval_accuracy'])} | {_pm(r['accuracy_change'], sign='+')} |{share} {_pm(r['train_length'])} "
             f"| {_pm(r['train_accuracy'])} |"
         )
     lines += [
@@ -796,15 +814,33 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     return path
 
 
-def write_summary(records: list[dict], warm: list[dict], seeds: list[int], path: Path) -> Path:
-    """Every run's record without its curve, and each seed's warm-start figures, as one JSON file."""
-    runs = [{key: value for key, value in r.items() if key != "curve"} for r in records]
-    runs.sort(key=lambda r: (r["arm"], r["seed"]))
+def write_summary(
+    records: list[dict], warm: list[dict], seeds: list[int], path: Path, task: demo.Task | None = None
+) -> Path:
+    """Every run's record (its per-step curve of ``[step, length, accuracy]`` rounded to 4 digits where
+    ``task`` is given, else without it, as the earlier summaries), each seed's warm-start figures and, with
+    ``task``, the task, its warm model's folder and weights fingerprint, as one JSON file."""
+
+    def kept(record: dict) -> dict:
+        if task is None:
+            return {key: value for key, value in record.items() if key != "curve"}
+        curve = [
+            [step, round(length, 4), round(accuracy, 4)] for step, length, accuracy in record.get("curve", [])
+        ]
+        return {**record, "curve": curve}
+
+    runs = sorted(map(kept, records), key=lambda r: (r["arm"], r["seed"]))
     warm_eval = [
         dict(seed=seed, eval=w["eval"], weights=w.get("weights")) for seed, w in zip(seeds, warm, strict=True)
     ]
+    named = {}
+    if task is not None:
+        named = dict(
+            task=task.name, model=task.model_dir(task.warm_seed or 0).name, weights=warm[0].get("weights")
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(warm=warm_eval, runs=runs), indent=1) + "\n")
+    text = json.dumps(dict(**named, warm=warm_eval, runs=runs), indent=1)
+    path.write_text(re.sub(r"\[\s+(\d+),\s+([\d.]+),\s+([\d.]+)\s+\]", r"[\1, \2, \3]", text) + "\n")
     return path
 
 
@@ -849,8 +885,63 @@ def all_tables(records: list[dict], rows: list[dict], warm: list[dict]) -> str:
     return markdown_tables(rows, warm) + (f"\n\n{versus}" if versus else "")
 
 
-def regenerate(summary: Path, out: Path, png: Path) -> None:
-    """The tables and the Pareto PNG from a summary file alone, arms in the grid's order."""
+def plot_curves(records: list[dict], arms: list[Arm], path: Path, title: str) -> Path | None:
+    """Training length and accuracy per step, mean over seeds, one line per arm (None where the records keep no
+    curves)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not all(r.get("curve") for r in records):
+        return None
+    fig, (length_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(15, 5.5))
+    for k, arm in enumerate(arms):
+        curves = [r["curve"] for r in records if r["arm"] == arm.name]
+        if not curves:
+            continue
+        steps = [row[0] for row in curves[0]]
+        style = dict(color=plt.get_cmap("tab20")(k % 20), lw=2.2 if arm.name == PLAIN else 1.0)
+        for ax, column, scale in ((length_ax, 1, 1.0), (accuracy_ax, 2, 100.0)):
+            values = [scale * statistics.fmean(c[i][column] for c in curves) for i in range(len(steps))]
+            ax.plot(steps, smooth(values), label=arm.name, ls="-" if k < 10 else "--", **style)
+    length_ax.set_ylabel("training completion length (tokens, 5-step mean)")
+    accuracy_ax.set_ylabel("training accuracy (%, 5-step mean)")
+    for ax in (length_ax, accuracy_ax):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    accuracy_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def smooth(values: list[float], window: int = 5) -> list[float]:
+    return [statistics.fmean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
+def curves_path(png: Path) -> Path:
+    """Where the per-step curves PNG goes beside the Pareto PNG."""
+    return png.with_name(png.stem.removesuffix("_pareto") + "_curves.png")
+
+
+def replace_block(doc: Path, name: str, text: str) -> None:
+    """Write ``text`` between the markers ``<!-- NAME: begin -->`` and ``<!-- NAME: end -->`` of ``doc``; a
+    one-line error where the doc lacks them."""
+    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+    content = doc.read_text()
+    if begin not in content or end not in content:
+        raise SystemExit(f"error: {doc} has no {begin} ... {end} block to regenerate")
+    head, rest = content.split(begin, 1)
+    doc.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
+def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> None:
+    """The tables, the Pareto PNG and the per-step curves PNG from a summary file alone, arms in the grid's
+    order; with ``doc``, the tables also replace that doc's block named after the summary file."""
     stored = json.loads(summary.read_text())
     records = stored["runs"]
     names = {r["arm"] for r in records}
@@ -862,8 +953,21 @@ def regenerate(summary: Path, out: Path, png: Path) -> None:
     (out / "table.md").write_text(tables + "\n")
     print(tables)
     seeds = sorted({r["seed"] for r in records if r["arm"] == PLAIN})
-    plot_pareto(rows, png, f"length control on {described(task)}: seeds {seeds[0]}-{seeds[-1]}")
-    print(f"# from {summary}: {len(records)} runs; tables: {out / 'table.md'}; Pareto PNG: {png}")
+    title = f"length control on {described(task)}: seeds {seeds[0]}-{seeds[-1]}"
+    plot_pareto(rows, png, title)
+    curves = plot_curves(records, arms, curves_path(png), title + ", per step")
+    if doc is not None:
+        named = (
+            f"model {stored['model']} (weights {stored['weights']}), task {stored['task']}; "
+            if "task" in stored
+            else ""
+        )
+        replace_block(
+            doc, summary.name, f"_Generated from `{summary.name}` ({named}{len(records)} runs)._\n\n{tables}"
+        )
+    print(
+        f"# from {summary}: {len(records)} runs; tables: {out / 'table.md'}; Pareto PNG: {png}; curves: {curves}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -904,7 +1008,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--from-summary",
         default="",
-        help="regenerate the tables and the PNG from such a JSON file alone: no warm models, no training",
+        help="regenerate the tables and the PNGs from such a JSON file alone: no warm models, no training",
+    )
+    parser.add_argument(
+        "--doc",
+        default="",
+        help="with --from-summary: also write the tables into this doc's block named after the summary file",
     )
     args = parser.parse_args(argv)
     task = real_task.GRID_TASKS[args.task]
@@ -913,7 +1022,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args.png = args.png or str(Path(args.out) / "efficacy_pareto.png")
     if args.from_summary:
-        return regenerate(Path(args.from_summary), Path(args.out), Path(args.png))
+        return regenerate(
+            Path(args.from_summary), Path(args.out), Path(args.png), Path(args.doc) if args.doc else None
+        )
     quiet()
     started = time.perf_counter()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -944,7 +1055,7 @@ def main(argv: list[str] | None = None) -> None:
         warm.append({**stored, "weights": warm_weights(task, seed)})
     records = run_grid(arms, seeds, args.steps, out, args.jobs, task=task)
     if args.summary:
-        write_summary(records, warm, seeds, Path(args.summary))
+        write_summary(records, warm, seeds, Path(args.summary), task)
     rows = summarize(records, arms)
     tables = all_tables(records, rows, warm)
     (out / "table.md").write_text(tables + "\n")
@@ -958,11 +1069,9 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows[1:]:
         report(f"{r['arm'].name}: length", r["eval_length"][0], plain["eval_length"][0], "tk")
         report(f"{r['arm'].name}: accuracy", r["eval_accuracy"][0], plain["eval_accuracy"][0], "%")
-    png = plot_pareto(
-        rows,
-        Path(args.png),
-        f"length control on {described(task)}: {args.steps} steps, seeds {args.seeds}",
-    )
+    title = f"length control on {described(task)}: {args.steps} steps, seeds {args.seeds}"
+    png = plot_pareto(rows, Path(args.png), title)
+    plot_curves(records, arms, curves_path(Path(args.png)), title + ", per step")
     best = best_trade_off(rows)
     if best is None:
         print(f"# best trade-off: no arm within {MAX_ACCURACY_LOSS:g} points of plain GRPO's accuracy")

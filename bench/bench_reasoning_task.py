@@ -1,16 +1,18 @@
-"""The reasoning task's properties, measured on its warm model: necessary steps, redundancy, RL signal.
+"""The reasoning tasks' properties, measured on their warm models: necessary steps, redundancy, RL signal.
 
-Builds (or reads from the cache) the warm-started reasoning model of ``--seed``, samples every held-out
+Builds (or reads from the cache) the warm-started model of ``--task`` (the reasoning task, or the overthinking
+task on the same problems) and ``--seed``, samples every held-out
 problem ``--samples`` times at the training temperature, and prints per difficulty level the accuracy, the
 accuracy of completions that skip necessary steps vs those that write them (with counts), the redundancy
-(re-checks and repeated steps) and its effect on accuracy, and the shortest correct length (any, and
-among completions that write every step, vs the shortest possible). Then one plain
-GRPO run of ``--steps`` steps (4 prompts x 8 completions, the demo's settings with at most
-``MAX_COMPLETION`` new tokens, every batch one problem of each level) and the same figures after it.
-Recorded in docs/embedded.md:
+(re-checks, recaps, restatements and repeated steps: clauses, and their share of the tokens) and its effect on
+accuracy, and the shortest correct length (any, and among completions that write every step, vs the shortest
+possible). Then one plain GRPO run of ``--steps`` steps (4 prompts x 8 completions, every batch one problem of
+each level; the reasoning task with at most ``MAX_COMPLETION`` new tokens, the overthinking task with its grid's
+settings, ``demo.OVERTHINKING``), the same figures after it, and how much of the warm model's length and redundant
+tokens plain GRPO keeps. Recorded in docs/embedded.md:
 
-    OMP_NUM_THREADS=1 python -m bench.bench_reasoning_task [--seed 0] [--steps 60] [--samples 64]
-        [--out outputs/reasoning_task]
+    OMP_NUM_THREADS=1 python -m bench.bench_reasoning_task [--task reasoning|overthinking] [--seed 0]
+        [--steps 60] [--samples 64] [--out outputs/reasoning_task, or outputs/TASK_task]
 """
 
 from __future__ import annotations
@@ -26,22 +28,40 @@ from pathlib import Path
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
-from trl_length_plugin import demo  # noqa: E402
+import dataclasses  # noqa: E402
+
+from trl_length_plugin import demo, real_task  # noqa: E402
+from trl_length_plugin.embedded import reasoning, word_problems  # noqa: E402
+from trl_length_plugin.embedded.task import span_tokens  # noqa: E402
 
 MAX_COMPLETION = 96
-#: the GRPO settings of a run on the reasoning task: the demo's, longer completions, batches in level blocks
-TRAINING = {**demo.TRAINING, "max_completion_length": MAX_COMPLETION, "shuffle_dataset": False}
+#: each task as this bench trains it: the reasoning task with the demo's settings and longer completions (as
+#: docs/embedded.md measured it), the overthinking tasks with their grids' settings
+TASKS = {
+    "reasoning": dataclasses.replace(
+        demo.REASONING, training={**demo.REASONING.training, "max_completion_length": MAX_COMPLETION}
+    ),
+    "overthinking": demo.OVERTHINKING,
+    "real-overthinking": real_task.REAL_OVERTHINKING,
+}
 
 
-def annotate(completions: list[dict], dataset, tokenizer) -> list[dict]:
+def shortest_completion(task: demo.Task, question: str) -> str:
+    """The shortest correct completion of ``question`` that writes every step, in ``task``'s form."""
+    if task.report is reasoning.step_report:
+        return reasoning.shortest_completion(question)
+    return word_problems.concise_solution(word_problems.parse_word_problem(question))
+
+
+def annotate(completions: list[dict], dataset, tokenizer, task: demo.Task) -> list[dict]:
     """Each sampled completion with its level, step report and the shortest correct length of its problem."""
-    from trl_length_plugin.embedded.reasoning import shortest_completion, step_report
-
     rows = []
     for c in completions:
         question = demo.question(dataset[c["row"]])
-        report = step_report(c["text"], question)
-        shortest = len(tokenizer.encode(shortest_completion(question), add_special_tokens=False)) + 1
+        text = c["text"].strip()
+        report = task.report(text, question)
+        shortest = len(tokenizer.encode(shortest_completion(task, question), add_special_tokens=False)) + 1
+        redundant_tokens = span_tokens(text, report.spans, tokenizer)
         rows.append(
             {
                 **c,
@@ -49,6 +69,7 @@ def annotate(completions: list[dict], dataset, tokenizer) -> list[dict]:
                 "skipped": report.skipped,
                 "followed": report.followed == report.necessary,
                 "redundant": report.redundant,
+                "redundant_tokens": redundant_tokens,
                 "shortest": shortest,
             }
         )
@@ -84,6 +105,10 @@ def properties(rows: list[dict]) -> list[dict]:
                 followed_rate=100 * len(followed) / len(written) if written else None,
                 followed_accuracy=_acc(followed),
                 redundant_mean=statistics.fmean(r["redundant"] for r in written) if written else None,
+                redundant_share=100
+                * sum(r["redundant_tokens"] for r in mine)
+                / sum(r["tokens"] for r in mine),
+                redundant_tokens=statistics.fmean(r["redundant_tokens"] for r in mine),
                 redundant_rate=100 * len(padded) / len(written) if written else None,
                 lean_accuracy=_acc(lean),
                 padded_accuracy=_acc(padded),
@@ -105,9 +130,9 @@ def markdown(table: list[dict]) -> str:
     lines = [
         "| level (steps) | samples | accuracy (%) | skip steps (%) | accuracy skipping (n) | accuracy writing "
         "(n) | writing the problem's steps (%): accuracy | redundant clauses / writing completion | writing with redundancy (%) | accuracy writing: "
-        "lean / redundant | mean length (tokens) | shortest correct: any / writing / possible | mean correct "
-        "length |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "lean / redundant | mean length (tokens) | redundant tokens / completion (share %) | shortest correct: any / "
+        "writing / possible | mean correct length |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in table:
         lines.append(
@@ -115,41 +140,37 @@ def markdown(table: list[dict]) -> str:
             f"{_f(t['skip_accuracy'])} ({t['skip_n']}) | {_f(t['write_accuracy'])} ({t['write_n']}) | "
             f"{_f(t['followed_rate'])}: {_f(t['followed_accuracy'])} | "
             f"{_f(t['redundant_mean'], 2)} | {_f(t['redundant_rate'])} | {_f(t['lean_accuracy'])} / "
-            f"{_f(t['padded_accuracy'])} | {_f(t['length'])} | {_f(t['shortest_correct'])} / "
+            f"{_f(t['padded_accuracy'])} | {_f(t['length'])} | {_f(t['redundant_tokens'])} "
+            f"({_f(t['redundant_share'])}) | {_f(t['shortest_correct'])} / "
             f"{_f(t['shortest_correct_writing'])} / {_f(t['shortest_possible'])} | {_f(t['correct_length'])} |"
         )
     return "\n".join(lines)
 
 
-def evaluate(model, tokenizer, samples: int) -> list[dict]:
-    from trl_length_plugin.embedded.reasoning import HELD_OUT_SEED, held_out_dataset
-
-    dataset = held_out_dataset()
-    completions = demo.sample(
-        model, tokenizer, dataset, samples, HELD_OUT_SEED, max_new_tokens=MAX_COMPLETION
-    )
-    return annotate(completions, dataset, tokenizer)
+def evaluate(model, tokenizer, samples: int, task: demo.Task) -> list[dict]:
+    dataset = task.held_out()
+    completions = demo.sample(model, tokenizer, dataset, samples, demo.HELD_OUT_SEED, task.max_length, task)
+    return annotate(completions, dataset, tokenizer, task)
 
 
-def train_plain(model_dir: Path, seed: int, steps: int):
+def train_plain(model_dir: Path, seed: int, steps: int, task: demo.Task):
     """One plain GRPO run on the training problems of ``seed``; returns the trained model and its history."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from trl_length_plugin.embedded import CPU_RUN_ARGS, correctness_reward, load_tokenizer
-    from trl_length_plugin.embedded.reasoning import training_dataset
+    from trl_length_plugin.embedded import CPU_RUN_ARGS, load_tokenizer
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
 
     with tempfile.TemporaryDirectory() as tmp:
         config = LengthPluginGRPOConfig(
-            output_dir=tmp, max_steps=steps, seed=seed, **TRAINING, **CPU_RUN_ARGS
+            output_dir=tmp, max_steps=steps, seed=seed, **task.training, **CPU_RUN_ARGS
         )
         trainer = LengthPluginGRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir),
             processing_class=load_tokenizer(model_dir),
-            reward_funcs=[correctness_reward],
+            reward_funcs=[task.correctness],
             args=config,
-            train_dataset=training_dataset(seed),
+            train_dataset=task.training_set(seed),
             callbacks=[demo.make_table_callback(steps)],
         )
         for callback in (PrinterCallback, ProgressCallback):
@@ -158,41 +179,60 @@ def train_plain(model_dir: Path, seed: int, steps: int):
     return trainer.model, trainer.state.log_history
 
 
+def retention(before: dict, after: dict) -> dict:
+    """How much of the warm model's mean length and redundant tokens per completion a trained model keeps (%)."""
+    return {
+        key: 100 * after[key] / before[key] if before[key] else float("nan")
+        for key in ("length", "redundant_tokens")
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--task", choices=list(TASKS), default="reasoning", help="the task (docs/embedded.md)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the warm model's seed and the GRPO run's")
     parser.add_argument("--steps", type=int, default=demo.STEPS, help="plain GRPO steps (0: none)")
     parser.add_argument(
-        "--samples", type=int, default=demo.EVAL_SAMPLES, help="completions per held-out problem"
+        "--samples", type=int, default=None, help="completions per held-out problem (default: the task's)"
     )
-    parser.add_argument("--out", default="outputs/reasoning_task", help="where the JSON summary goes")
+    parser.add_argument("--out", default="", help="where the JSON summary goes (default outputs/TASK_task)")
     args = parser.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
+    from trl_length_plugin.embedded import load_tokenizer
 
     torch.set_num_threads(1)
+    task = TASKS[args.task]
+    args.samples = args.samples or task.eval_samples
     started = time.perf_counter()
-    model_dir = embedded_model_dir(seed=args.seed, task="reasoning")
+    model_dir = task.model_dir(args.seed)
     build_s = time.perf_counter() - started
     tokenizer = load_tokenizer(model_dir)
     started = time.perf_counter()
-    warm = properties(evaluate(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, args.samples))
+    warm = properties(
+        evaluate(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, args.samples, task)
+    )
     eval_s = time.perf_counter() - started
     print(
         f"# warm model {model_dir.name} (ready in {build_s:.0f} s); held out, {args.samples} samples a "
-        f"problem at temperature {TRAINING['temperature']} ({eval_s:.0f} s)"
+        f"problem at temperature {task.training['temperature']} ({eval_s:.0f} s)"
     )
     print(markdown(warm))
     result = dict(seed=args.seed, samples=args.samples, model=model_dir.name, warm=warm, build_s=build_s)
     if args.steps:
         started = time.perf_counter()
-        model, history = train_plain(model_dir, args.seed, args.steps)
+        model, history = train_plain(model_dir, args.seed, args.steps, task)
         train_s = time.perf_counter() - started
-        trained = properties(evaluate(model, tokenizer, args.samples))
+        trained = properties(evaluate(model, tokenizer, args.samples, task))
         before, after = warm[-1], trained[-1]
-        print(f"\n# after plain GRPO, {args.steps} steps of 4 prompts x 8 completions ({train_s:.0f} s)")
+        prompts = task.training["per_device_train_batch_size"] // task.training["num_generations"]
+        print(
+            f"\n# after plain GRPO, {args.steps} steps of {prompts} prompts x {task.training['num_generations']} "
+            f"completions ({train_s:.0f} s)"
+        )
         print(markdown(trained))
         print(
             f"\n# plain GRPO, held out: accuracy {before['accuracy']:.1f}% -> {after['accuracy']:.1f}% "
@@ -204,8 +244,14 @@ def main(argv: list[str] | None = None) -> dict:
                 for b, a in zip(warm[:-1], trained[:-1], strict=True)
             )
         )
-        result.update(trained=trained, train_s=train_s, history=history, steps=args.steps)
-    out = Path(args.out)
+        kept = retention(before, after)
+        print(
+            f"# plain GRPO keeps {kept['length']:.1f}% of the warm model's mean length and "
+            f"{kept['redundant_tokens']:.1f}% of its redundant tokens per completion (share "
+            f"{before['redundant_share']:.1f}% -> {after['redundant_share']:.1f}%)"
+        )
+        result.update(trained=trained, train_s=train_s, history=history, steps=args.steps, retention=kept)
+    out = Path(args.out or f"outputs/{args.task}_task")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"seed{args.seed}.json").write_text(json.dumps(result, indent=1))
     return result

@@ -424,7 +424,7 @@ def test_demo_parses_its_task():
     args = demo.parse_args(["--task", "arithmetic", "--steps", "5"])
     assert (args.task, args.steps, args.output_dir) == ("arithmetic", 5, "outputs/demo-arithmetic")
     args = demo.parse_args([])
-    assert (args.task, args.steps, args.output_dir) == ("reasoning", demo.STEPS, "outputs/demo")
+    assert (args.task, args.steps, args.output_dir) == ("overthinking", demo.STEPS, "outputs/demo")
     assert demo.parse_args(["--task", "arithmetic", "--output-dir", "x"]).output_dir == "x"
     with pytest.raises(SystemExit):
         demo.parse_args(["--task", "chess"])

@@ -127,3 +127,153 @@ def test_tables_pair_each_arm_with_no_correction_and_each_centered_arm_with_its_
     assert "| centering icepop − icepop | 5 |" in table
     assert table.count(" − ") == len(names) - 1 + 2  # vs no correction, then two more centering pairs
     assert bench.plot(records, list(bench.ARMS), tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_per_channel_quantization_by_hand_and_against_a_loop():
+    from bench.samplers import quantize_per_channel
+
+    weight = torch.tensor([[7.0, -3.5, 1.2, 0.0], [0.0, 0.0, 0.0, 0.0], [0.5, 0.25, -0.1, 0.3]])
+    quantized = quantize_per_channel(weight, 4)  # 7 levels a side: row 0's scale is 1, row 2's 0.5 / 7
+    assert quantized[0].tolist() == [7.0, -4.0, 1.0, 0.0]  # -3.5 rounds half to even
+    assert quantized[1].tolist() == [0.0] * 4  # an all-zero row stays zero
+    torch.manual_seed(0)
+    weight = torch.randn(6, 9, dtype=torch.float64)
+    for bits in (4, 8):
+        top = 2 ** (bits - 1) - 1
+        quantized = quantize_per_channel(weight, bits)
+        for row in range(6):
+            scale = max(abs(v) for v in weight[row].tolist()) / top
+            for col in range(9):
+                level = round(weight[row, col].item() / scale)
+                assert quantized[row, col].item() == pytest.approx(
+                    max(-top, min(top, level)) * scale, abs=1e-12
+                )
+        assert (quantized - weight).abs().max() <= weight.abs().amax(1).max() / top / 2 + 1e-12
+        assert (
+            torch.equal(quantize_per_channel(quantized, bits), quantized) or bits == 8
+        )  # idempotent at 4 bits
+
+
+def test_samplers_serve_the_trainer_weights_cast_or_quantized_and_a_tied_embedding_once():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from bench.samplers import (
+        Sampler,
+        load_sampler_weights,
+        make_sampler_model,
+        parse_sampler,
+        quantize_per_channel,
+    )
+
+    config = Qwen2Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    trainer = Qwen2ForCausalLM(config)
+    state = trainer.state_dict()
+    for precision in ("fp32", "bf16", "int8", "int4"):
+        sampler = make_sampler_model(trainer, Sampler(precision, 0))
+        load_sampler_weights(sampler, state, Sampler(precision, 0))
+        served = sampler.model.embed_tokens.weight
+        assert sampler.lm_head.weight is served  # still tied
+        expected = {
+            "fp32": state["model.embed_tokens.weight"],
+            "bf16": state["model.embed_tokens.weight"].to(torch.bfloat16),
+            "int8": quantize_per_channel(state["model.embed_tokens.weight"], 8),
+            "int4": quantize_per_channel(state["model.embed_tokens.weight"], 4),
+        }[precision]
+        assert torch.equal(served, expected)
+        up = sampler.model.layers[0].mlp.up_proj.weight
+        assert up.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert trainer.model.embed_tokens.weight.dtype == torch.float32  # the trainer is left as it was
+    assert parse_sampler("int4", 2).name == "int4, lag 2"
+    for bad, lag in (("int3", 0), ("fp8", 0), ("int8", -1)):
+        with pytest.raises(ValueError, match="--sampler|--lag"):
+            parse_sampler(bad, lag)
+
+
+def test_mismatch_figures_against_a_loop():
+    torch.manual_seed(1)
+    q = torch.randn(2, 3, 5, dtype=torch.float64).log_softmax(-1)
+    p = (q + 0.3 * torch.randn(2, 3, 5, dtype=torch.float64)).log_softmax(-1)
+    tokens = torch.tensor([[0, 4, 2], [1, 1, 3]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    figures = bench.mismatch(q, p, tokens, mask)
+    kls, log_rs = [], []
+    for b in range(2):
+        for t in range(3):
+            if mask[b, t]:
+                kls.append(sum(math.exp(q[b, t, v]) * (q[b, t, v] - p[b, t, v]) for v in range(5)).item())
+                log_rs.append((p[b, t, tokens[b, t]] - q[b, t, tokens[b, t]]).item())
+    ratios = [math.exp(x) for x in log_rs]
+    mean = sum(ratios) / len(ratios)
+    std = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (len(ratios) - 1))
+    assert figures["sampler_kl"] == pytest.approx(sum(kls) / len(kls))
+    assert figures["gap"] == pytest.approx(sum(map(abs, log_rs)) / len(log_rs))
+    assert figures["ratio_std"] == pytest.approx(std)
+    assert figures["ratio_outside"] == pytest.approx(sum(not 0.5 <= r <= 2 for r in ratios) / len(ratios))
+
+
+def long_record(arm: str, seed: int, accuracies: list[float]) -> dict:
+    evals = [
+        dict(step=25 * (i + 1), accuracy=a, length=20.0, kl_to_warm=0.01) for i, a in enumerate(accuracies)
+    ]
+    return {
+        **record(arm, seed, accuracies[-1], 20.0, 0.01),
+        "evals": evals,
+        "train": dict(ratio_std=0.1, ratio_outside=0.01, sampler_kl=0.001, gap=0.03),
+        "settings": dict(task="reasoning", sampler="int4", lag=0, k=16, steps=100),
+    }
+
+
+def test_collapse_and_the_trajectory_table_by_hand(tmp_path):
+    warm = dict(eval=dict(accuracy=0.45), model="m", weights="w")
+    records = [
+        long_record("no correction", 0, [0.6, 0.44, 0.3]),  # falls below the warm model's at step 50
+        long_record("no correction", 1, [0.6, 0.7, 0.8]),
+        long_record("centering tis", 0, [0.6, 0.7, 0.8]),
+        long_record("centering tis", 1, [0.6, 0.7, 0.9]),
+    ]
+    assert [bench.collapse_step(r, 0.45) for r in records] == [50, None, None, None]
+    assert bench.accuracy_area(records[0]) == pytest.approx(100 * (0.6 + 0.44 + 0.3) / 3)
+    arms = [arm for arm in bench.ARMS if arm.name in ("no correction", "centering tis")]
+    table = bench.trajectory_table(records, arms, warm)
+    assert "| no correction | 2 | 57.3 | 1 of 2 | 50 | 0.0300 |" in table  # (44.67 + 70) / 2
+    assert "| centering tis − no correction | 2 | +14.33 [+3.33, +25.33] | yes |" in table  # 25.33 and 3.33
+    summary = bench.write_summary(records, warm, tmp_path / "summary.json")
+    png = tmp_path / "curves.png"
+    bench.main(["--from-summary", str(summary), "--png", str(png)])
+    assert png.stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_same_record(tmp_path, monkeypatch):
+    """A run stopped after its checkpoint resumes from it and ends as an uninterrupted run does."""
+    arm = bench.ARMS[4]  # centering tis
+    straight = bench.parse_args(
+        ["--sampler", "int4", "--lag", "1", "--steps", "4", "--eval-every", "2", "--eval-samples", "1",
+         "--checkpoint-every", "2", "--out", str(tmp_path / "a")]
+    )  # fmt: skip
+    expected = bench.train_run(arm, 0, straight)
+    resumed = bench.parse_args(
+        ["--sampler", "int4", "--lag", "1", "--steps", "4", "--eval-every", "2", "--eval-samples", "1",
+         "--checkpoint-every", "2", "--out", str(tmp_path / "b")]
+    )  # fmt: skip
+    calls = []
+    real_held_out = bench.held_out
+
+    def stop_after_the_checkpoint(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the final evaluation, after the step-2 checkpoint
+            raise KeyboardInterrupt
+        return real_held_out(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "held_out", stop_after_the_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        bench.train_run(arm, 0, resumed)
+    assert bench.checkpoint_path(tmp_path / "b", arm, 0).exists()
+    monkeypatch.setattr(bench, "held_out", real_held_out)
+    record = bench.train_run(arm, 0, resumed)
+    assert not bench.checkpoint_path(tmp_path / "b", arm, 0).exists()
+    assert record["curve"] == expected["curve"] and record["evals"] == expected["evals"]

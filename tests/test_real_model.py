@@ -5,6 +5,7 @@ shipped recipes on it (a fast subset here: one shaping recipe, LUSPO, one score-
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -126,3 +127,31 @@ def test_recipes_train_on_the_real_model(smollm2):
     lines = done.stdout.splitlines()
     for name in ("group_relative", "luspo", "score_centering_tis"):
         assert any(line.startswith(name) and line.endswith("PASS") for line in lines), (name, lines)
+
+
+@pytest.mark.slow
+def test_the_overthinking_model_is_the_base_with_the_shipped_adapter_merged(smollm2):
+    """The merged folder equals base + (alpha / r) B A on every adapted projection, from the adapter's own
+    tensors, and is cached under a fingerprint; the shipped adapter is small."""
+    import safetensors.torch
+    import torch
+    import transformers
+
+    adapter = real_model.ADAPTERS / real_model.OVERTHINKING
+    assert (adapter / "adapter_model.safetensors").stat().st_size < 6 * 2**20
+    folder = real_model.real_model_dir(real_model.OVERTHINKING)
+    assert (
+        folder.name.startswith(real_model.OVERTHINKING + "-")
+        and real_model.real_model_dir(real_model.OVERTHINKING) == folder
+    )
+    merged = transformers.AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    base = transformers.AutoModelForCausalLM.from_pretrained(smollm2).state_dict()
+    lora = safetensors.torch.load_file(adapter / "adapter_model.safetensors")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    name = "model.layers.3.self_attn.q_proj.weight"
+    a = lora["base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight"].float()
+    b = lora["base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight"].float()
+    torch.testing.assert_close(merged[name], base[name] + scale * b @ a, rtol=0, atol=1e-6)
+    assert torch.equal(merged["model.norm.weight"], base["model.norm.weight"])  # not adapted
+    assert transformers.AutoTokenizer.from_pretrained(folder).eos_token == "<|im_end|>"

@@ -198,6 +198,7 @@ def test_the_property_table_counts_hand_made_completions():
             tokens=tokens,
             skipped=skipped,
             redundant=redundant,
+            redundant_tokens=7 * redundant,
             followed=followed,
             shortest=12 if level == 1 else 19,
         )
@@ -225,3 +226,8 @@ def test_the_property_table_counts_hand_made_completions():
     assert (every["n"], every["skip_accuracy"], every["write_accuracy"]) == (6, 50.0, 75.0)
     assert every["skip_rate"] == pytest.approx(100 / 3)
     assert every["length"] == pytest.approx((12 + 21 + 9 + 9 + 19 + 28) / 6)
+    assert every["redundant_share"] == pytest.approx(100 * 14 / (12 + 21 + 9 + 9 + 19 + 28))
+    assert (one["redundant_tokens"], two["redundant_share"]) == (
+        pytest.approx(7 / 3),
+        pytest.approx(700 / 56),
+    )

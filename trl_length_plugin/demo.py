@@ -1,13 +1,15 @@
-"""The demo: GRPO with TRL on the embedded reasoning task (or ``--task arithmetic``) with the best length
-control of docs/efficacy.md.
+"""The demo: plain GRPO and the best length control of docs/efficacy.md, side by side, with TRL on the embedded
+overthinking task (or ``--task reasoning|arithmetic``).
 
-The run prints a compact table under a progress bar, then the trained model answers the held-out problems;
-its row is printed beside the stored grid rows of the same seed (plain GRPO, the same arm, and the best peer
-arm: TRL's or verl's own length tools), from the summary committed beside docs/efficacy.md, and a PNG shows
-the curves.
+Both runs train at once (one process a core, a progress bar each), then each trained model answers the held-out
+problems. The demo prints both rows beside the stored grid rows of the same seed (plain GRPO, the same arm, and
+the best peer arm: TRL's or verl's own length tools, from the summary committed beside docs/efficacy.md), the
+length cut and accuracy change of the best arm against plain GRPO and against the best peer, and writes a PNG of
+both runs' length and accuracy per step.
 
-Run with ``make demo`` (or ``python -m trl_length_plugin.demo [--task arithmetic]``). No Hub access is
-needed. ``bench/bench_efficacy.py`` trains every arm of docs/efficacy.md with the same settings and functions.
+Run with ``make demo`` (or ``python -m trl_length_plugin.demo [--task reasoning]``). No Hub access is needed.
+``bench/bench_efficacy.py`` trains every arm of docs/efficacy.md with the same settings and functions, so the
+demo's runs reproduce their rows of the grid.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ PLAIN_NAME = "plain GRPO"
 REASONING_TRAINING = {**TRAINING, "max_completion_length": 64, "shuffle_dataset": False}
 #: the reasoning task's training problems per seed: 128 steps of 4 prompts (a longer run starts them again)
 REASONING_TRAINING_SIZE = 512
+#: the overthinking task's GRPO settings: the reasoning task's with room for its longest warm-start targets (about
+#: 100 tokens, docs/embedded.md "The overthinking task"), so truncation stays rare
+OVERTHINKING_TRAINING = {**REASONING_TRAINING, "max_completion_length": 128}
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class Task:
     real_model: str = ""
     reward: Callable | None = None
     eval_samples: int = EVAL_SAMPLES
+    report: Callable = reasoning.step_report
 
     @property
     def max_length(self) -> int:
@@ -107,6 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where the PNG and logs go (default outputs/demo, or outputs/demo-TASK)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="runs trained at once")
     args = parser.parse_args(argv)
     default_dir = "outputs/demo" if args.task == DEFAULT_TASK.name else f"outputs/demo-{args.task}"
     args.output_dir = args.output_dir or default_dir
@@ -170,9 +177,22 @@ REASONING = Task(
     grid_summary="efficacy_reasoning10_runs.json",
     warm_seed=0,
 )
-#: the task ``make demo`` and the comparison of docs/efficacy.md use
-DEFAULT_TASK = REASONING
-TASKS = {task.name: task for task in (ARITHMETIC, REASONING)}
+#: the reasoning task's problems under the overthinking warm start (docs/embedded.md, "The overthinking task"):
+#: one warm model (seed 0's) for every seed, as on the reasoning task
+OVERTHINKING = Task(
+    "overthinking",
+    OVERTHINKING_TRAINING,
+    reasoning.held_out_dataset,
+    reasoning_training_dataset,
+    best_name="group-relative 1.0",
+    best_keys=GROUP_RELATIVE,
+    best_peer="Kimi k1.5 length reward 1.0",
+    grid_summary="efficacy_overthinking_runs.json",
+    warm_seed=0,
+)
+#: the task ``make demo`` and the lead comparison of docs/efficacy.md use
+DEFAULT_TASK = OVERTHINKING
+TASKS = {task.name: task for task in (ARITHMETIC, REASONING, OVERTHINKING)}
 
 
 def sampling_config(
@@ -240,37 +260,51 @@ def sample(
     return results
 
 
-def held_out_figures(completions: list[dict], dataset) -> dict:
+def held_out_figures(completions: list[dict], dataset, tokenizer=None, report=reasoning.step_report) -> dict:
     """The mean ``length`` and ``accuracy`` of ``sample``'s completions of ``dataset``; where its rows have a
-    ``level`` (the reasoning task), also ``levels``: per level, its samples, mean length and accuracy,
-    the fraction that skips necessary steps and the mean redundant clauses (``step_report``)."""
+    ``level`` (the reasoning tasks, the word problems), also ``levels``: per level, its samples, mean length and
+    accuracy, the fraction that skips necessary steps and the mean redundant clauses (``report``: the task's
+    reader, ``step_report``), and with the ``tokenizer`` the ``redundant_share`` of the tokens (over all levels
+    too)."""
     figures = dict(
         length=statistics.fmean(c["tokens"] for c in completions),
         accuracy=statistics.fmean(c["correct"] for c in completions),
     )
     if "level" in dataset.column_names:
-        figures["levels"] = level_figures(completions, dataset)
+        figures["levels"] = level_figures(completions, dataset, tokenizer, report)
+        if tokenizer is not None:
+            redundant = sum(level["redundant_tokens"] for level in figures["levels"])
+            figures["redundant_share"] = redundant / sum(c["tokens"] for c in completions)
     return figures
 
 
-def level_figures(completions: list[dict], dataset) -> list[dict]:
+def level_figures(
+    completions: list[dict], dataset, tokenizer=None, report=reasoning.step_report
+) -> list[dict]:
+    from trl_length_plugin.embedded.task import span_tokens
+
     problems = dataset.select_columns(["prompt", "level"]).to_list()
     by_level: dict[int, list] = {}
     for c in completions:
         problem = problems[c["row"]]
-        report = reasoning.step_report(c["text"], question(problem))
-        by_level.setdefault(problem["level"], []).append((c, report))
-    return [
-        dict(
+        by_level.setdefault(problem["level"], []).append((c, report(c["text"], question(problem))))
+    figures = []
+    for level, rows in sorted(by_level.items()):
+        figure = dict(
             level=level,
             samples=len(rows),
             length=statistics.fmean(c["tokens"] for c, _ in rows),
             accuracy=statistics.fmean(c["correct"] for c, _ in rows),
-            skipped=statistics.fmean(report.skipped for _, report in rows),
-            redundant=statistics.fmean(report.redundant for _, report in rows),
+            skipped=statistics.fmean(read.skipped for _, read in rows),
+            redundant=statistics.fmean(read.redundant for _, read in rows),
         )
-        for level, rows in sorted(by_level.items())
-    ]
+        if tokenizer is not None:
+            redundant = sum(span_tokens(c["text"].strip(), read.spans, tokenizer) for c, read in rows)
+            figure.update(
+                redundant_tokens=redundant, redundant_share=redundant / sum(c["tokens"] for c, _ in rows)
+            )
+        figures.append(figure)
+    return figures
 
 
 def make_table_callback(total_steps: int):
@@ -300,6 +334,18 @@ def make_table_callback(total_steps: int):
             self.bar.close()
 
     return TableCallback()
+
+
+def make_progress_callback(arm: str, progress) -> object:
+    """A callback putting ``(arm, step, mean length, accuracy)`` on the ``progress`` queue at every logged step."""
+    from transformers import TrainerCallback
+
+    class ProgressReport(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and LENGTH_KEY in logs:
+                progress.put((arm, state.global_step, logs[LENGTH_KEY], logs.get(ACCURACY_KEY, float("nan"))))
+
+    return ProgressReport()
 
 
 def train_and_evaluate(
@@ -347,7 +393,8 @@ def train_and_evaluate(
     completions = sample(
         trainer.model, tokenizer, held_out, task.eval_samples, HELD_OUT_SEED, task.max_length, task
     )
-    return dict(history=trainer.state.log_history, eval=held_out_figures(completions, held_out))
+    figures = held_out_figures(completions, held_out, tokenizer, task.report)
+    return dict(history=trainer.state.log_history, eval=figures)
 
 
 def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
@@ -379,10 +426,11 @@ def print_row(label: str, train: dict | None, held_out: dict) -> None:
     train_cells = f"{train['length']:>9.2f} {train['accuracy']:>9.3f}" if train else f"{'':>9} {'':>9}"
     print(f"[demo] {label:<58} {train_cells} {held_out['length']:>9.2f} {held_out['accuracy']:>9.3f}")
     for level in held_out.get("levels", []):
+        share = f", {100 * level['redundant_share']:.0f}% of tokens" if "redundant_share" in level else ""
         print(
             f"[demo] {'  level ' + str(level['level']) + ' (' + str(level['samples']) + ' samples)':<58} "
             f"{'':>9} {'':>9} {level['length']:>9.2f} {level['accuracy']:>9.3f}   skipping "
-            f"{100 * level['skipped']:.1f}%, {level['redundant']:.2f} redundant clauses"
+            f"{100 * level['skipped']:.1f}%, {level['redundant']:.2f} redundant clauses{share}"
         )
 
 
@@ -390,55 +438,123 @@ def versus(a: dict, b: dict) -> str:
     return f"length {100 * (a['length'] / b['length'] - 1):+.1f}%, accuracy {100 * (a['accuracy'] - b['accuracy']):+.1f} points"
 
 
+def demo_run(name: str, keys: dict, seed: int, steps: int, output_dir: str, task_name: str, progress) -> dict:
+    """One arm of the demo (in a worker process): train, answer the held-out problems; its history and
+    figures."""
+    import torch
+
+    torch.set_num_threads(1)  # the tiny model gains nothing from more, and bench_efficacy trains with one
+    task = TASKS[task_name]
+    run = train_and_evaluate(
+        keys, seed, steps, output_dir, callbacks=[make_progress_callback(name, progress)], task=task
+    )
+    return dict(name=name, **run)
+
+
+def train_side_by_side(arms: dict[str, dict], args: argparse.Namespace, task: Task) -> dict[str, dict]:
+    """Train every arm (name -> keys) at once, ``args.jobs`` worker processes, a progress bar per arm."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm.auto import tqdm
+
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        progress = manager.Queue()
+        futures = [
+            pool.submit(
+                demo_run,
+                name,
+                keys,
+                args.seed,
+                args.steps,
+                str(Path(args.output_dir) / slug),
+                task.name,
+                progress,
+            )
+            for slug, (name, keys) in zip(("plain", "best"), arms.items(), strict=True)
+        ]
+        bars = {
+            name: tqdm(total=args.steps, desc=f"{name:<24}", unit="step", position=k, leave=False)
+            for k, name in enumerate(arms)
+        }
+        while not all(future.done() for future in futures) or not progress.empty():
+            try:
+                name, step, length, accuracy = progress.get(timeout=0.5)
+            except Exception:  # queue.Empty: no step finished in the last half second
+                continue
+            bars[name].update(step - bars[name].n)
+            bars[name].set_postfix_str(f"length {length:.1f}, accuracy {accuracy:.2f}")
+        for bar in bars.values():
+            bar.close()
+        return {run["name"]: run for run in (future.result() for future in futures)}
+
+
+def plot_side_by_side(runs: dict[str, dict], path: Path, title: str) -> Path:
+    """Both runs' mean completion length and accuracy per step, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (length_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for name, run in runs.items():
+        rows = [row for row in run["history"] if LENGTH_KEY in row]
+        steps = [row["step"] for row in rows]
+        length_ax.plot(steps, [row[LENGTH_KEY] for row in rows], label=name)
+        accuracy_ax.plot(steps, [100 * row[ACCURACY_KEY] for row in rows], label=name)
+    length_ax.set_title("mean completion length (tokens)")
+    accuracy_ax.set_title("training accuracy (%)")
+    for ax in (length_ax, accuracy_ax):
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> Path:
     for var in OFFLINE_VARIABLES:  # set when the demo runs, not when it is imported
         os.environ.setdefault(var, "1")
     args = parse_args(argv)
-    import torch
-
-    from trl_length_plugin.plotting import plot_training_curves
-
-    torch.set_num_threads(1)  # the tiny model gains nothing from more, and bench_efficacy trains with one
-
     task = TASKS[args.task]
     started = time.perf_counter()
     print(f"[demo] preparing the embedded {task.name} model (built once, then cached)")
     task.model_dir(args.seed)
+    arms = {PLAIN_NAME: {}, task.best_name: task.best_keys}
     print(
-        f"\n[demo] {task.best_name}: {args.steps} steps, 4 prompts x 8 completions per step {task.best_keys}"
+        f"[demo] {PLAIN_NAME} and {task.best_name} {task.best_keys}, side by side on the embedded {task.name} task: "
+        f"{args.steps} steps of 4 prompts x 8 completions each, seed {args.seed}"
     )
-    run = train_and_evaluate(
-        task.best_keys,
-        args.seed,
-        args.steps,
-        Path(args.output_dir) / "best",
-        callbacks=[make_table_callback(args.steps)],
-        task=task,
-    )
-    history = run["history"]
+    runs = train_side_by_side(arms, args, task)
     print(
         f"\n[demo] {'':<58} {'train len':>9} {'train acc':>9} {'eval len':>9} {'eval acc':>9}"
-        f"   (train: last 10 steps; eval: {len(task.held_out())} held-out problems x {EVAL_SAMPLES})"
+        f"   (train: last 10 steps; eval: {len(task.held_out())} held-out problems x {task.eval_samples})"
     )
-    train = dict(length=tail_mean(history, LENGTH_KEY), accuracy=tail_mean(history, ACCURACY_KEY))
-    print_row(f"this run: {task.best_name}", train, run["eval"])
+    for name, run in runs.items():
+        history = run["history"]
+        train = dict(length=tail_mean(history, LENGTH_KEY), accuracy=tail_mean(history, ACCURACY_KEY))
+        print_row(f"this run: {name}", train, run["eval"])
     grid = grid_rows(task, args.seed, args.steps)
     for name, record in grid.items():
         role = " (best peer arm)" if name == task.best_peer else ""
         print_row(f"grid, seed {args.seed}: {name}{role}", record["train"], record["eval"])
-    if PLAIN_NAME in grid:
-        print(f"[demo] this run vs the grid's plain GRPO: {versus(run['eval'], grid[PLAIN_NAME]['eval'])}")
+    best = runs[task.best_name]["eval"]
+    print(f"[demo] {task.best_name} vs {PLAIN_NAME} (this run): {versus(best, runs[PLAIN_NAME]['eval'])}")
     if task.best_peer in grid:
-        print(f"[demo] this run vs the best peer arm: {versus(run['eval'], grid[task.best_peer]['eval'])}")
+        print(
+            f"[demo] {task.best_name} vs the grid's best peer, {task.best_peer}: {versus(best, grid[task.best_peer]['eval'])}"
+        )
     print(
         f"[demo] seed {args.seed}, {task.name} task; means and intervals over seeds: docs/efficacy.md"
         + ("" if grid else f" (no stored grid run of seed {args.seed} at {args.steps} steps to compare with)")
     )
-    png = plot_training_curves(
-        [],
-        Path(args.output_dir) / "curves.png",
-        title=f"embedded {task.name} task, seed {args.seed}",
-        runs={task.best_name: history},
+    png = plot_side_by_side(
+        runs, Path(args.output_dir) / "curves.png", f"embedded {task.name} task, seed {args.seed}"
     )
     print(f"[demo] curves written to {png}  ({time.perf_counter() - started:.0f} s in all)")
     return png

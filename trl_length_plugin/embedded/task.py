@@ -95,3 +95,11 @@ def last_number_score(completion: str | Sequence[dict], answer: str) -> float:
 def correctness_reward(completions: list, answer: list[str], **kwargs) -> list[float]:
     """Binary correctness reward with TRL's reward-function signature."""
     return [score_completion(c, a) for c, a in zip(completions, answer, strict=True)]
+
+
+def span_tokens(text: str, spans, tokenizer) -> int:
+    """The tokens of ``text`` (as ``tokenizer`` encodes it) that start inside one of the character ``spans``."""
+    if not spans:
+        return 0
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return sum(any(a <= start < b for a, b in spans) for start, _ in offsets)
