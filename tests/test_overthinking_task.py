@@ -26,6 +26,7 @@ from trl_length_plugin.embedded.word_problems import (
     draw_word_problem,
     held_out_word_problems,
     parse_word_problem,
+    redundant_round,
     solution_report,
     verbose_solution,
     word_problem_training_set,
@@ -99,7 +100,7 @@ def test_overthinking_targets_copy_correct_work_and_overthink_easy_problems_most
             shortest = len(tokenizer.encode(shortest_completion(question), add_special_tokens=False)) + 1
             ratio[len(steps)].append(tokens / shortest)
             share[len(steps)].append(redundant_tokens(completion, question, tokenizer) / tokens)
-            assert tokens <= 110  # well within the task's 128-token budget
+            assert tokens <= 100  # well within the task's 128-token budget
     means = [statistics.fmean(ratio[k]) for k in LEVELS]
     assert means == sorted(means, reverse=True)  # easy problems overthink most
     assert means[0] > 2.5 and means[-1] > 1.7 and 2.0 < statistics.fmean(means) < 3.0
@@ -147,21 +148,26 @@ def test_solution_report_by_hand():
     question = (
         "Mia has 7 pencils. She buys 5 more. Then she gives 3 away. How many pencils does Mia have now?"
     )
-    text = (
-        "Let me restate: Mia starts with 7 pencils. 7 + 5 = 12. 12 - 3 = 9. 7 + 5 = 12. "
-        "To recap: 7 + 5 = 12, and 12 - 3 = 9. The answer is 9."
-    )
+    text = "Restate: Mia has 7 pencils. 7+5=12. 12-3=9. 7+5=12. Check: 7+5=12, 12-3=9. The answer is 9."
     report = solution_report(text, question)
     assert (report.necessary, report.written, report.followed, report.redundant) == (2, 2, 2, 3)
     assert [text[a:b] for a, b in report.spans] == [
-        "Let me restate: Mia starts with 7 pencils.",
-        " 7 + 5 = 12.",
-        " To recap: 7 + 5 = 12, and 12 - 3 = 9.",
+        "Restate: Mia has 7 pencils.",
+        " 7+5=12.",
+        " Check: 7+5=12, 12-3=9.",
     ]
-    skipping = solution_report("7 + 5 = 12. The answer is 9.", question)
+    skipping = solution_report("7+5=12. The answer is 9.", question)
     assert skipping.skipped and skipping.written == 1 and skipping.redundant == 0
-    wrong_place = solution_report("7 - 3 = 4. 4 + 5 = 9. The answer is 9.", question)
+    wrong_place = solution_report("7-3=4. 4+5=9. The answer is 9.", question)
     assert (wrong_place.written, wrong_place.followed) == (2, 0)
+    problem = parse_word_problem(question)
+    assert concise_solution(problem) == "7+5=12. 12-3=9. The answer is 9."
+    rounds = {kind: redundant_round(kind, problem) for kind in ("check", "verify", "recap")}
+    assert rounds == {
+        "check": "Check: 7+5=12, 12-3=9.",
+        "verify": "Verify: 9+3=12, 12-5=7, so 9.",
+        "recap": "Recap: 7+5-3=9.",
+    }
 
 
 def test_word_problem_held_out_set_is_never_trained_on():

@@ -33,8 +33,8 @@ from trl_length_plugin.embedded.task import REASONING_CLOSE, REASONING_OPEN
 
 #: the chance a target stops after its steps with no redundant round at all
 LEAN_PROB = 0.1
-#: after the first redundant round, the chance of one more, by level (at most MAX_ROUNDS[level] rounds): the
-#: mean rounds of a target are about 3.0, 2.1, 1.5 and 1.3 for levels 1-4
+#: after the first redundant round, the chance of one more, by level (at most MAX_ROUNDS[level] rounds): targets
+#: that write their steps are 2.8x (level 1) to 1.9x (level 4) the shortest correct completion (docs/embedded.md)
 MORE_ROUNDS_PROB = {1: 0.72, 2: 0.58, 3: 0.45, 4: 0.35}
 MAX_ROUNDS = {1: 6, 2: 4, 3: 3, 4: 2}
 ROUNDS = ("check", "wait", "recap")

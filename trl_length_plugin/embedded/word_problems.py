@@ -3,9 +3,11 @@
 
 A problem is a short story with one or two operations on numbers 2-20 (results never below 0): "Mia has 7
 pencils. She buys 5 more. How many pencils does Mia have now?". The solutions this module writes overthink the
-way R1-style models do: after the necessary steps come a double-check, a verification by the inverse operation,
-a restatement or a recap, each an exact copy of correct work, and every solution ends with "The answer is N.", so
-the reward (the last number is the answer, GSM8K's check) cannot see the redundancy. The supervised pass that
+way R1-style models do: a restatement of the problem, the necessary steps, then rounds of a double-check, a
+verification backwards or a recap, each an exact copy of correct work that ends on the answer, and every solution
+ends with "The answer is N.", so the reward (the last number is the answer, GSM8K's check) cannot see the
+redundancy. The solutions are compact (about 2.5x the shortest, at most about 90 tokens) so that a GRPO run on a
+135M-parameter model fits a CPU. The supervised pass that
 teaches them to SmolLM2-135M-Instruct is ``bench/build_real_overthinking.py``; the adapter it writes ships with
 the package (``real_model_dir("smollm2-135m-instruct-overthinking")``).
 """
@@ -31,10 +33,10 @@ SUBTRACT = ("gives {n} away", "loses {n}", "uses {n}")
 TWO_STEP_PROB = 0.5
 #: the redundant rounds a solution can add after its steps, and the chance of each further round after the first
 #: (at most MAX_ROUNDS); LEAN_PROB of the solutions have none
-ROUNDS = ("check", "verify", "restate", "recap")
+ROUNDS = ("check", "verify", "recap")
 LEAN_PROB = 0.1
 MORE_ROUNDS_PROB = 0.4
-MAX_ROUNDS = 3
+MAX_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ class WordProblem:
         """The necessary steps: one equation per operation."""
         left, lines = self.start, []
         for operation, total in zip(self.operations, self.totals, strict=True):
-            lines.append(f"{left} {operation.op} {operation.n} = {total}")
+            lines.append(f"{left}{operation.op}{operation.n}={total}")
             left = total
         return lines
 
@@ -112,28 +114,27 @@ def concise_solution(problem: WordProblem) -> str:
 
 
 def redundant_round(kind: str, problem: WordProblem) -> str:
-    """One round of redundant work, an exact copy of what the steps found; each ends on the answer."""
-    steps = ", and ".join(problem.equations())
+    """One round of redundant work, an exact copy of what the steps found (``verify`` runs them backwards); each
+    ends on the answer."""
     if kind == "check":
-        return f"Wait, let me double-check: {steps}."
+        return f"Check: {', '.join(problem.equations())}."
     if kind == "verify":
         inverse, total = [], problem.answer
         for operation, before in zip(
             reversed(problem.operations), reversed([problem.start, *problem.totals[:-1]]), strict=True
         ):
-            inverse.append(f"{total} {'-' if operation.op == '+' else '+'} {operation.n} = {before}")
+            inverse.append(f"{total}{'-' if operation.op == '+' else '+'}{operation.n}={before}")
             total = before
-        return f"Let me verify by going backwards: {', and '.join(inverse)}. So {problem.answer} is right."
-    if kind == "restate":
-        return f"So {problem.name} has {problem.answer} {problem.item} now."
-    return f"To recap: {problem.name} started with {problem.start} {problem.item}, and {steps}."
+        return f"Verify: {', '.join(inverse)}, so {problem.answer}."
+    expression = f"{problem.start}" + "".join(f"{o.op}{o.n}" for o in problem.operations)
+    return f"Recap: {expression}={problem.answer}."
 
 
 def verbose_solution(problem: WordProblem, rng: random.Random) -> str:
     """A worked solution that overthinks: a restatement of the problem, the steps, 0 to ``MAX_ROUNDS`` redundant
     rounds (``redundant_round``), then "The answer is N."."""
-    head = f"Let me restate: {problem.name} starts with {problem.start} {problem.item}."
-    parts = [head, *(f"{line}." for line in problem.equations())]
+    parts = [f"Restate: {problem.name} has {problem.start} {problem.item}."]
+    parts += [f"{line}." for line in problem.equations()]
     rounds = 0
     if rng.random() >= LEAN_PROB:
         rounds = 1
@@ -147,9 +148,9 @@ _QUESTION = re.compile(
     r"(?P<name>\w+) has (?P<start>\d+) (?P<item>\w+)\. (?P<story>.*) How many .*", re.DOTALL
 )
 _CLAUSE = re.compile(r"(?:[Tt]hen )?(?:[Hh]e|[Ss]he) (?P<verb>.+?)\.(?: |$)")
-_EQUATION = re.compile(r"(\d+) ([+-]) (\d+) = (-?\d+)")
+_EQUATION = re.compile(r"(\d+)([+-])(\d+)=(-?\d+)")
 #: the openings of the redundant sentences ``verbose_solution`` writes
-MARKERS = ("Let me restate", "Wait, let me double-check", "Let me verify", "So ", "To recap")
+MARKERS = ("Restate:", "Check:", "Verify:", "Recap:")
 
 
 def parse_word_problem(question: str) -> WordProblem:
