@@ -11,8 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_length_plugin.score_centering import compute_score_centering_term, sampled_token_weights
-from trl_length_plugin.score_centering.config import load_score_centering_config, resolve_mode
+from trl_length_plugin.score_centering import (
+    compute_score_centering_term,
+    load_score_centering_config,
+    resolve_mode,
+    sampled_token_weights,
+)
 from trl_length_plugin.score_centering.modes import (
     ImportanceSampling,
     get_mode,

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, open_dict
 from verl.trainer.ppo.rollout_corr_helper import _parse_rollout_is_threshold
 
-from trl_length_plugin.score_centering import config as core
-from trl_length_plugin.score_centering.config import (
+from trl_length_plugin import score_centering as core
+from trl_length_plugin.score_centering import (
     SAMPLING_FILTER_RULES,
     SCORE_CENTERING_KEYS,
     HostSettings,
@@ -37,10 +37,10 @@ from trl_length_plugin.score_centering.config import (
     ScoreCenteringPlanBase,
     check_is_bounds,
     engine_logprob_cap,
+    get_mode,
     load_score_centering_config,
     resolve_plan,
 )
-from trl_length_plugin.score_centering.modes import get_mode
 
 from .length_config import _plain
 

@@ -8,7 +8,7 @@ marks each update's micro-batches with verl's top-k logits hook (``distillation_
 1. as the logits processor, on the temperature-scaled logits of the packed micro-batch (after the Ulysses
    slice): the trainer's logprobs of the sampled token and at the sampler's K ids in one op
    (``logprobs_at_ids``: a chunked log-softmax, no probability tensor kept), the correction C and the §5.6 values
-   per token from one head computation (``score_centering_outputs``). Every output is per token, so verl
+   per token from one head computation (the plan's ``outputs``). Every output is per token, so verl
    gathers it over sequence-parallel ranks and unpacks it exactly as it does ``log_probs``; the sampled
    token's logprob *is* ``log_probs``. The sampler fields are token-aligned (row j holds the head of token j,
    zero outside the generated tokens) and rolled by one like verl's labels;
@@ -35,13 +35,7 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_i
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from trl_length_plugin.score_centering.controller import AdaptiveClipController
-from trl_length_plugin.score_centering.estimator import (
-    METRIC_KEYS,
-    plan_sampled_token_weights,
-    score_centering_outputs,
-)
-from trl_length_plugin.score_centering.topk_logprobs import logprobs_at_ids
+from trl_length_plugin.score_centering import METRIC_KEYS, logprobs_at_ids
 
 from .score_centering_config import LOSS_MODE, MANAGER_CLASS, ScoreCenteringSettings
 
@@ -134,14 +128,12 @@ def head_outputs(logits: torch.Tensor, data, settings: ScoreCenteringSettings) -
     )
     logprobs = logprobs_at_ids(logits, torch.cat([labels.unsqueeze(1), ids], 1), inplace_backward=not shared)
     adaptive = settings.uses_controller
-    centering = score_centering_outputs(
-        settings,
+    centering = settings.outputs(
         _adaptive_k(data, settings),
         logprobs[:, 1:],
         sampler_topk_logprobs=sampler,
         token_mask=mask,
         advantages=_local(_packed_response(data, "advantages")) if adaptive else None,
-        sampler_replay=False,
     )
     outputs = {"log_probs": logprobs[:, 0], CORRECTION: centering.correction, **centering.token_metrics}
     return {key: value.unsqueeze(0) for key, value in outputs.items()}
@@ -183,10 +175,7 @@ def score_centering_ppo_loss(
         )
     if settings.uses_controller:
         advantages = data["advantages"].to_padded_tensor(0.0)
-        upper = settings.bounds_at(k)[1]
-        clipped, positive = AdaptiveClipController.counts_from_logprobs(
-            log_prob, rollout, advantages, mask, upper
-        )
+        clipped, positive = settings.clip_counts(k, log_prob, rollout, advantages, mask)
         metrics[CLIPPED], metrics[POSITIVE] = _share(clipped, data), _share(positive, data)
     return loss, metrics
 
@@ -215,8 +204,8 @@ def compute_policy_loss_score_centering(
                 f"score centering {settings.mode}: verl also computed rollout_is_weights; "
                 "set algorithm.rollout_correction.rollout_is=null"
             )
-        rollout_is_weights = plan_sampled_token_weights(  # the ratio old / sampler, verl's convention
-            settings, inputs.adaptive_k, old_log_prob, inputs.rollout_log_probs, response_mask, advantages
+        rollout_is_weights = settings.sampled_token_weights(  # the ratio old / sampler, verl's convention
+            inputs.adaptive_k, old_log_prob, inputs.rollout_log_probs, response_mask, advantages
         )
     base = core_algos.get_policy_loss_fn(settings.base_loss_mode)
     loss, metrics = base(

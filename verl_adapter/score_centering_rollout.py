@@ -2,8 +2,8 @@
 
 - :class:`ScoreCenteringAgentLoopManager` (``actor_rollout_ref.rollout.agent.agent_loop_manager_class``, set
   by the trainer) runs :class:`ScoreCenteringAgentLoopWorker` instead of verl's ``AgentLoopWorkerTQ``.
-- For each training session the worker checks the sampling settings (``validate_score_centering_request``)
-  and asks for K candidates: ``logprobs=K`` instead of verl's ``True``. Validation sessions keep ``True`` and
+- For each training session the worker asks for K candidates, ``logprobs=K`` instead of verl's ``True``, and
+  checks the sampling settings (the plan's ``capture_request``). Validation sessions keep ``True`` and
   capture nothing.
 - The worker's LLM client records every server call's sampled tokens and heads, below verl's abort/resume
   loop (``FullyAsyncLLMServerClient``) and below agent loops that keep only their first turn's extra fields;
@@ -26,11 +26,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.workers.rollout.llm_server import LLMServerClient
 
-from trl_length_plugin.score_centering.capture import ScoreCenteringCaptureError
-from trl_length_plugin.score_centering.sampling_request import (
-    build_score_centering_request_overrides,
-    validate_score_centering_request,
-)
+from trl_length_plugin.score_centering import ScoreCenteringCaptureError
 
 from .score_centering_config import resolve_settings
 from .score_centering_loss import SAMPLER_IDS, SAMPLER_LOGPROBS
@@ -150,15 +146,14 @@ class ScoreCenteringAgentLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     def __init__(self, config, llm_client, *args, **kwargs):
         super().__init__(config, llm_client, *args, **kwargs)
         self.llm_client = with_capture(self.llm_client)
-        self.score_centering_top_k = resolve_settings(config).top_k  # the run's one plan, as the TaskRunner's
+        self.score_centering = resolve_settings(config)  # the run's one plan, as the TaskRunner's
 
     async def _run_agent_loop(self, sampling_params, trajectory, **kwargs):
         if trajectory["validate"]:
             return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
-        top_k = self.score_centering_top_k
-        request = {**sampling_params, **build_score_centering_request_overrides(top_k, api="sampling_params")}
-        validate_score_centering_request(request, top_k, logprobs_mode=self.rollout_config.logprobs_mode)
-        token = _SESSION.set(_Session(top_k, []))
+        plan = self.score_centering
+        request = plan.capture_request(sampling_params, logprobs_mode=self.rollout_config.logprobs_mode)
+        token = _SESSION.set(_Session(plan.top_k, []))
         try:
             return await super()._run_agent_loop(request, trajectory, **kwargs)
         finally:

@@ -26,8 +26,10 @@ from typing import Any
 import ray
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
-from trl_length_plugin.score_centering.capture import extract_score_centering_samples
-from trl_length_plugin.score_centering.sampling_request import validate_score_centering_request
+from trl_length_plugin.score_centering import (
+    extract_score_centering_samples,
+    validate_score_centering_request,
+)
 
 from .score_centering_loss import SAMPLER_IDS, SAMPLER_LOGPROBS
 

@@ -31,17 +31,11 @@ from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from trl_length_plugin.shaping.settings import score_centering_settings_line
-
 from ._host import checkpoint_folder, resumed_checkpoint_folder
-from .score_centering_config import (
-    LOSS_MODE,
-    prepare_config,
-    score_centering_config,
-)
+from .score_centering_config import LOSS_MODE, ScoreCenteringSettings, prepare_config
 from .score_centering_host import check_vllm_server
 from .score_centering_loss import ADAPTIVE_K, CLIPPED, HOOK_FLAGS, POSITIVE, score_centering_ppo_loss
-from .setup_checks import score_centering_setup
+from .setup_checks import score_centering_run
 
 logger = logging.getLogger("trl_length_plugin")
 METRIC_PREFIX = "actor/score_centering/"
@@ -63,17 +57,27 @@ def worker_actor_config(config):
 
 
 class ScoreCenteringMixin:
-    """Score centering for a verl V1 ``PPOTrainer`` subclass (list it first among the bases)."""
+    """Score centering for a verl V1 ``PPOTrainer`` subclass (list it first among the bases); holds the core's
+    ``ScoreCenteringRun`` (``score_centering_run``, None when off)."""
 
     def __init__(self, config):
-        self.score_centering, self.score_centering_controller = score_centering_setup(config)
-        if self.score_centering is not None:
+        self.score_centering_run = score_centering_run(config)
+        if self.score_centering_run is not None:
             register_capturing_replica()
             prepare_config(config, self.score_centering)
             self._score_centering_actor = worker_actor_config(config)
-            summary = self.score_centering.summary()
-            logger.info("%s", score_centering_settings_line(score_centering_config(config), summary))
+            self.score_centering_run.announce()
         super().__init__(config)
+
+    @property
+    def score_centering(self) -> ScoreCenteringSettings | None:
+        """The run's resolved settings, which the workers' loss runs (None when off)."""
+        return self.score_centering_run.plan if self.score_centering_run is not None else None
+
+    @property
+    def score_centering_controller(self):
+        """The run's adaptive-ppo-clip controller (None unless that mode runs)."""
+        return self.score_centering_run.controller if self.score_centering_run is not None else None
 
     def on_init_end(self):
         if self.score_centering is not None:
@@ -91,7 +95,7 @@ class ScoreCenteringMixin:
         def update(batch):
             batch.extra_info.update(HOOK_FLAGS)
             if self.score_centering_controller is not None:
-                batch.extra_info[ADAPTIVE_K] = self.score_centering_controller.k
+                batch.extra_info[ADAPTIVE_K] = self.score_centering_run.k
             return update_actor(batch)
 
         return update
@@ -105,24 +109,21 @@ class ScoreCenteringMixin:
             key.removeprefix("actor/") if key.startswith(METRIC_PREFIX) else key: value
             for key, value in actor_metrics.items()
         }
-        controller = self.score_centering_controller
-        if controller is not None:
+        run = self.score_centering_run
+        if run.controller is not None:
             if CLIPPED not in renamed:
                 raise RuntimeError("score centering: the actor update returned no adaptive-ppo-clip counts")
-            controller.accumulate(torch.tensor([renamed.pop(CLIPPED), renamed.pop(POSITIVE)]))
-            renamed.update(controller.step_metrics())
+            run.accumulate(torch.tensor([renamed.pop(CLIPPED), renamed.pop(POSITIVE)]))
+            renamed.update(run.step_metrics())
         metrics.update(renamed)
         return batch
 
     def _save_checkpoint(self):
-        if self.score_centering_controller is not None:
-            self.score_centering_controller.save(checkpoint_folder(self.config.trainer, self.global_steps))
+        if self.score_centering_run is not None:
+            self.score_centering_run.save(checkpoint_folder(self.config.trainer, self.global_steps))
         super()._save_checkpoint()
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        if self.score_centering_controller is None or not self.global_steps:
-            return
-        self.score_centering_controller.restore(
-            resumed_checkpoint_folder(self.config.trainer, self.global_steps)
-        )
+        if self.score_centering_run is not None and self.global_steps:
+            self.score_centering_run.resume(resumed_checkpoint_folder(self.config.trainer, self.global_steps))

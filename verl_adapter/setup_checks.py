@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from trl_length_plugin.score_centering import ScoreCenteringRun
+
 from .length_config import shaping_config
+from .score_centering_config import check_model_vocabulary, resolve_settings, score_centering_config
 
 
 def check_luspo(config) -> None:
@@ -22,23 +25,16 @@ def check_luspo(config) -> None:
         check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
 
 
-def score_centering_setup(config):
-    """(settings, adaptive controller) of the ``score_centering`` keys, checked: (None, None) when off; the
-    controller is None unless the mode is adaptive-ppo-clip."""
-    from trl_length_plugin.score_centering.controller import AdaptiveClipController
-
-    from .score_centering_config import check_model_vocabulary, resolve_settings, score_centering_config
-
+def score_centering_run(config) -> ScoreCenteringRun | None:
+    """The run of the ``score_centering`` keys, checked against verl's config and K against the model's
+    vocabulary (None when off)."""
     settings = resolve_settings(config)
     if settings is None:
-        return None, None
+        return None
     check_model_vocabulary(config, settings)
-    controller = None
-    if settings.uses_controller:
-        controller = AdaptiveClipController.from_config(score_centering_config(config))
-    return settings, controller
+    return ScoreCenteringRun(score_centering_config(config), settings)
 
 
 #: every check, in the order the mixins run them (each on its own in ``verl-check``, so each failing one
 #: reports)
-TASK_RUNNER_CHECKS: tuple[Callable, ...] = (check_luspo, shaping_config, score_centering_setup)
+TASK_RUNNER_CHECKS: tuple[Callable, ...] = (check_luspo, shaping_config, score_centering_run)

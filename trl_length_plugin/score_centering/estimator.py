@@ -276,7 +276,7 @@ def score_centering_outputs(
     sampler_replay: bool,
 ) -> ScoreCenteringOutputs:
     """C and the §5.6 values of a host's micro-batch under its resolved ``plan``
-    (``config.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
+    (``plan.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
     §5.1, §5.6, §5.7): the head is computed once for both. ``advantages`` (broadcast to ``token_mask``) are
     read only under adaptive-ppo-clip."""
     advantages = advantages.expand_as(token_mask) if plan.uses_controller else None
