@@ -41,8 +41,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "T
     os.environ.setdefault(_var, "false" if _var == "TOKENIZERS_PARALLELISM" else "1")
 
 from bench._harness import header, report  # noqa: E402
-from trl_length_plugin import demo, real_task  # noqa: E402
+from trl_length_plugin.embedded import real_task  # noqa: E402
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS  # noqa: E402
+from trl_length_plugin.tools import demo  # noqa: E402
 
 #: completions per training problem in the warm model's profiles
 PROFILE_SAMPLES = 16

@@ -52,7 +52,8 @@ def phrasings(question: str) -> dict[str, list[dict]]:
 def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
     from vllm import SamplingParams
 
-    from trl_length_plugin import demo, real_task
+    from trl_length_plugin.embedded import real_task
+    from trl_length_plugin.tools import demo
 
     params = SamplingParams(n=SAMPLES, temperature=temperature, top_p=1.0, max_tokens=MAX_TOKENS)
     figures = {}
@@ -87,7 +88,7 @@ def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
 def main() -> None:
     from vllm import LLM
 
-    from trl_length_plugin import real_task
+    from trl_length_plugin.embedded import real_task
     from trl_length_plugin.vllm_cpu import keep_plain_cpu_linears
 
     keep_plain_cpu_linears()

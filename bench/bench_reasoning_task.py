@@ -26,7 +26,7 @@ from pathlib import Path
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
-from trl_length_plugin import demo  # noqa: E402
+from trl_length_plugin.tools import demo  # noqa: E402
 
 MAX_COMPLETION = 96
 #: the GRPO settings of a run on the reasoning task: the demo's, longer completions, batches in level blocks

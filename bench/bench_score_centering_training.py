@@ -50,11 +50,11 @@ import torch  # noqa: E402
 
 from bench.bench_efficacy import paired_interval, separates, slug  # noqa: E402
 from bench.bench_score_centering_effect import chat_prompts_of, forward_logits, rollouts  # noqa: E402
-from trl_length_plugin import demo  # noqa: E402
 from trl_length_plugin.score_centering.estimator import (  # noqa: E402
     compute_score_centering_term,
     sampled_token_weights,
 )
+from trl_length_plugin.tools import demo  # noqa: E402
 
 
 class Arm(NamedTuple):

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from bench._harness import header, report
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter.check import recipe_overrides
-from verl_adapter.smoke_log import read_metrics
+from verl_adapter.tools.check import recipe_overrides
+from verl_adapter.tools.smoke_log import read_metrics
 
 RECIPE = RECIPES_DIR / "verl" / "grpo_length_penalty_qwen2.5-0.5b.sh"
 BLOCK = RECIPES_DIR / "verl" / "length_penalty_gsm8k.yaml"
@@ -60,7 +60,15 @@ def base_overrides() -> list[str]:
 
 
 def run_arm(extra: list[str], steps: int, folder: Path) -> dict[int, dict]:
-    command = [sys.executable, "-m", "verl_adapter.smoke", *base_overrides(), *extra, "--steps", str(steps)]
+    command = [
+        sys.executable,
+        "-m",
+        "verl_adapter.tools.smoke",
+        *base_overrides(),
+        *extra,
+        "--steps",
+        str(steps),
+    ]
     done = subprocess.run([*command, "--run-dir", str(folder)], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"arm failed ({' '.join(extra) or 'plain'}): {done.stderr.strip()[-500:]}")

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench import bench_efficacy as bench
-from trl_length_plugin import demo, real_task
+from trl_length_plugin.embedded import real_task
+from trl_length_plugin.tools import demo
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS_ARMS = {"GSPO", "LUSPO"}

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tests.verl_e2e_helpers import RECIPES, REPO, assert_trained, processes_of, smoke
-from verl_adapter.smoke import leftover_segments, run_segments
+from verl_adapter.tools.smoke import leftover_segments, run_segments
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -41,7 +41,7 @@ from trl_length_plugin.score_centering import (  # noqa: E402
 )
 from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin, _CenteringStep  # noqa: E402
 from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan  # noqa: E402
-from verl_adapter.score_centering_loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
+from verl_adapter.score_centering.loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
 
 V, K = 23, 4
 PROMPT_LENS, RESPONSE_LENS = [3, 2, 4, 2], [5, 1, 3, 4]

@@ -115,7 +115,7 @@ def test_each_host_resolves_it_by_what_it_declares(half_is):
 def test_verl_resolves_it_by_what_it_declares(half_is):
     from omegaconf import OmegaConf
 
-    from verl_adapter.score_centering_config import _host_weights
+    from verl_adapter.score_centering.config import _host_weights
 
     def verl(rollout_is):
         correction = {"rollout_is": rollout_is, "rollout_is_threshold": 2.0}

@@ -11,14 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from trl_length_plugin.score_centering import ScoreCenteringRun
-
-from .length_config import shaping_config
-from .score_centering_config import check_model_vocabulary, resolve_settings, score_centering_config
+from verl_adapter.length_shaping.config import shaping_config
+from verl_adapter.score_centering.config import (
+    check_model_vocabulary,
+    resolve_settings,
+    score_centering_config,
+)
 
 
 def check_luspo(config) -> None:
     """With ``loss_mode=luspo``, LUSPO's KL aggregation against the actor's ``loss_agg_mode``."""
-    from .luspo import check_kl_aggregation
+    from verl_adapter.luspo import check_kl_aggregation
 
     actor = config.actor_rollout_ref.actor
     if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":

@@ -27,8 +27,8 @@ from trl_length_plugin.shaping.config import (
     length_limit_error,
     load_shaping_config,
 )
+from trl_length_plugin.trl_integration.keys import TRL_KEYS, check_trl_keys
 from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan
-from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
 

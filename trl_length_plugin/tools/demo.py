@@ -359,7 +359,7 @@ def grid_rows(task: Task, seed: int, steps: int) -> dict[str, dict]:
     """The stored grid runs (docs/efficacy.md's committed summary of ``task``) of plain GRPO, the task's best
     arm and best peer arm at ``seed`` and ``steps`` with the task's training settings and warm model: arm name
     -> record with ``train`` and ``eval``; empty where the summary lacks them."""
-    path = Path(__file__).resolve().parent / "docs" / task.grid_summary
+    path = Path(__file__).resolve().parents[1] / "docs" / task.grid_summary
     if not path.exists():
         return {}
     wanted = (PLAIN_NAME, task.best_name, task.best_peer)
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     import torch
 
-    from trl_length_plugin.plotting import plot_training_curves
+    from trl_length_plugin.trl_integration.plotting import plot_training_curves
 
     torch.set_num_threads(1)  # the tiny model gains nothing from more, and bench_efficacy trains with one
 

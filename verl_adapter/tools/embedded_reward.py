@@ -6,7 +6,7 @@ the answer (docs/embedded.md); the real chat model's arithmetic task's, 1.0 when
 from __future__ import annotations
 
 from trl_length_plugin.embedded.task import last_number_score, score_completion
-from verl_adapter.smoke_config import SMOKE_TASKS
+from verl_adapter.tools.smoke_config import SMOKE_TASKS
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> float:

@@ -20,8 +20,7 @@ import re
 from types import SimpleNamespace
 
 from trl_length_plugin import host_checks
-
-from ._host import EXPECTED
+from verl_adapter.platform.host import EXPECTED
 
 #: Ray's tracing adds this parameter to actor methods; it is not verl's
 _RAY_TRACE = "_ray_trace_ctx"
@@ -120,8 +119,8 @@ def check_verl_internals() -> None:
     from verl.workers.rollout.replica import RolloutReplicaRegistry
     from verl.workers.utils import losses, padding
 
-    from .luspo import POLICY_LOSS_KEYWORDS
-    from .score_centering_config import BASE_LOSS_AGGREGATION
+    from verl_adapter.luspo import POLICY_LOSS_KEYWORDS
+    from verl_adapter.score_centering.config import BASE_LOSS_AGGREGATION
 
     trainer = trainer_base.PPOTrainer
     worker = getattr(agent_loop_tq.AgentLoopWorkerTQ, "__ray_actor_class__", None)

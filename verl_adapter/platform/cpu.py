@@ -1,7 +1,7 @@
 """verl on CPU (docs/verl.md, "Try your config on a laptop"): a verl platform named ``cpu``, registered through
 verl's ``PlatformRegistry`` and loaded in every verl process by ``VERL_USE_EXTERNAL_MODULES`` (the route verl's
 maintainers ask for), with ``VERL_PLATFORM=cpu`` selecting it. Importing this module also applies the CPU
-patches of ``verl_adapter.host_patches``. ``trl-length verl-smoke`` sets all of it up (:data:`ENV`).
+patches of ``verl_adapter.platform.patches``. ``trl-length verl-smoke`` sets all of it up (:data:`ENV`).
 
 What the platform answers, and why:
 - ``current_device()`` is the string ``"cpu"``: verl calls ``torch.device(get_device_id())``, where an int
@@ -22,7 +22,7 @@ import torch
 from verl.plugin.platform import PlatformRegistry
 from verl.plugin.platform.platform_base import PlatformBase
 
-from . import host_patches
+from verl_adapter.platform import patches as host_patches
 
 #: what a process needs to run verl on this platform (Ray workers and vLLM inherit it)
 ENV = {
@@ -69,7 +69,7 @@ class CPUDeviceModule(types.ModuleType):
         return getattr(torch.cpu, name)
 
 
-DEVICE_MODULE = CPUDeviceModule("verl_adapter.cpu_platform.device")
+DEVICE_MODULE = CPUDeviceModule("verl_adapter.platform.cpu.device")
 
 
 @PlatformRegistry.register(platform="cpu")
@@ -147,7 +147,7 @@ def check_platform_interface() -> None:
     missing = sorted(PlatformCPU.__abstractmethods__)
     if missing:
         raise host_patches.VerlHostError(
-            f"verl_adapter.cpu_platform: verl's PlatformBase now also asks for {', '.join(missing)}; "
+            f"verl_adapter.platform.cpu: verl's PlatformBase now also asks for {', '.join(missing)}; "
             f"this CPU platform was written for verl 0.9.1"
         )
 

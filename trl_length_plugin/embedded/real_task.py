@@ -4,7 +4,8 @@ embedded ones and this one). ``bench/bench_efficacy.py --task real`` trains it; 
 
 from __future__ import annotations
 
-from trl_length_plugin.demo import (
+from trl_length_plugin.embedded.task import last_number_score
+from trl_length_plugin.tools.demo import (
     GROUP_RELATIVE,
     HELD_OUT_SEED,
     TASKS,
@@ -13,7 +14,6 @@ from trl_length_plugin.demo import (
     distinct_problems,
     question,
 )
-from trl_length_plugin.embedded.task import last_number_score
 
 #: the real chat model's GRPO settings (docs/efficacy.md, "On a real chat model"): 2 prompts x 8 completions a
 #: step on two CPU cores, sampled at 0.7, where the model has a correctness signal (1.0 has little)

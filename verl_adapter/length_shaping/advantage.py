@@ -27,8 +27,7 @@ from verl.trainer.ppo import core_algos
 
 from trl_length_plugin.shaping import group_advantages
 from trl_length_plugin.shaping.normalization import verl_normalization
-
-from .length_config import LENGTH_GRPO
+from verl_adapter.length_shaping.config import LENGTH_GRPO
 
 _RAW_SCORES: ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = ContextVar(
     "length_grpo_raw", default=None

@@ -8,9 +8,9 @@ the config readers, not the V1 trainers.
 
 from __future__ import annotations
 
-from ._host import refuse_in_legacy_trainer
-from .length_config import shaping_config
-from .score_centering_config import score_centering_config
+from verl_adapter.length_shaping.config import shaping_config
+from verl_adapter.platform.host import refuse_in_legacy_trainer
+from verl_adapter.score_centering.config import score_centering_config
 
 refuse_in_legacy_trainer("length shaping", lambda config: shaping_config(config).enabled)
 refuse_in_legacy_trainer("score centering", lambda config: score_centering_config(config).enabled)

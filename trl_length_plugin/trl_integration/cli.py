@@ -3,7 +3,7 @@ config and trainer.
 
 Like ``trl grpo`` (same parser, same keys), but unknown keys are errors instead of being handed to
 ``accelerate launch``, and every plugin key (``length_penalty``, ``length_penalty_coeff``, ``luspo``,
-...) is understood. Several processes: ``accelerate launch -m trl_length_plugin.cli --config x.yaml``.
+...) is understood. Several processes: ``accelerate launch -m trl_length_plugin.trl_integration.cli --config x.yaml``.
 
 - ``--config FILE`` or ``--config recipe:NAME`` (a recipe shipped with the package, ``trl-length recipes``);
   flags override the recipe's keys, and a ``--length_penalty`` flag replaces the recipe's whole block.
@@ -37,18 +37,18 @@ from pydantic import ValidationError
 
 from trl_length_plugin import __version__
 from trl_length_plugin._logging import drop_accelerator_notices, quiet_host_logs
-from trl_length_plugin.cli_help import grouped_keys, plugin_help
 from trl_length_plugin.config_base import config_error, did_you_mean, read_yaml
 from trl_length_plugin.plugin_keys import KEY_FAMILIES, PLUGIN_KEYS, HostKeys
 from trl_length_plugin.recipes import resolve_config
-from trl_length_plugin.score_centering.config import ScoreCenteringConfig, sampling_filter_error
+from trl_length_plugin.score_centering import ScoreCenteringConfig, sampling_filter_error
 from trl_length_plugin.shaping.config import SHAPING_KEYS, load_shaping_config
-from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
+from trl_length_plugin.trl_integration.cli_help import grouped_keys, plugin_help
+from trl_length_plugin.trl_integration.keys import TRL_KEYS, check_trl_keys
 
 PROG = "trl-length-grpo"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 #: the docs/ folder inside the package (in a checkout a symlink to the top-level docs/)
-DOCS = Path(__file__).parent / "docs"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 DESCRIPTION = (
     "GRPO with the length-control plugin (docs/trl.md). Keys come from a YAML recipe, --config FILE or "
     "--config recipe:NAME (`trl-length recipes` lists the shipped ones), and from --key value flags, which "

@@ -27,9 +27,8 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorke
 from verl.workers.rollout.llm_server import LLMServerClient
 
 from trl_length_plugin.score_centering import ScoreCenteringCaptureError
-
-from .score_centering_config import resolve_settings
-from .score_centering_loss import SAMPLER_IDS, SAMPLER_LOGPROBS
+from verl_adapter.score_centering.config import resolve_settings
+from verl_adapter.score_centering.loss import SAMPLER_IDS, SAMPLER_LOGPROBS
 
 
 class ServerCall(NamedTuple):

@@ -20,8 +20,7 @@ import transfer_queue as tq
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 from trl_length_plugin.shaping import nonzero_std_keep_mask
-
-from .length_rollouts import RolloutShaper
+from verl_adapter.length_shaping.rollouts import RolloutShaper
 
 
 class ShapedGroupFilter:

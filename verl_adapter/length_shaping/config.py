@@ -23,7 +23,7 @@ nothing is silently ignored. Every error names the key.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig
 
 from trl_length_plugin.config_base import did_you_mean
 from trl_length_plugin.shaping.config import (
@@ -32,19 +32,13 @@ from trl_length_plugin.shaping.config import (
     length_limit_error,
     load_shaping_config,
 )
-
-from .keys import DROP_ZERO_STD, LOG_ROLLOUTS, VERL_KEYS
+from verl_adapter.config_values import plain
+from verl_adapter.keys import DROP_ZERO_STD, LOG_ROLLOUTS, VERL_KEYS
 
 #: the advantage estimator that carries the coefficient's group normalization (reference §3.3)
 LENGTH_GRPO = "length_grpo"
 #: the only ``algorithm.filter_groups.metric`` the shaped filter can judge (reference §3.3)
 FILTER_METRIC = "reward"
-
-
-def _plain(value):
-    return (
-        OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) else value
-    )
 
 
 def shaping_config(config: DictConfig) -> LengthShapingConfig:
@@ -61,7 +55,7 @@ def shaping_config(config: DictConfig) -> LengthShapingConfig:
         raise ValueError(f"{unknown[0]}: unknown length-shaping key{hint}")
     log_rollouts(config)
     try:
-        shaping = load_shaping_config({key: _plain(config[key]) for key in VERL_KEYS if key in config})
+        shaping = load_shaping_config({key: plain(config[key]) for key in VERL_KEYS if key in config})
     except LengthConfigError as err:
         raise ValueError(f"invalid length shaping config: {err}") from None
     check_algorithm(shaping, config.algorithm, config.actor_rollout_ref.rollout.n)

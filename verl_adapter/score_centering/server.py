@@ -30,8 +30,7 @@ from trl_length_plugin.score_centering import (
     extract_score_centering_samples,
     validate_score_centering_request,
 )
-
-from .score_centering_loss import SAMPLER_IDS, SAMPLER_LOGPROBS
+from verl_adapter.score_centering.loss import SAMPLER_IDS, SAMPLER_LOGPROBS
 
 
 @dataclass

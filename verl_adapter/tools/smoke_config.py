@@ -61,7 +61,7 @@ def _task_rows(task: str) -> tuple:
         from trl_length_plugin.embedded.reasoning import held_out_dataset, training_dataset
 
         return training_dataset(seed=0, size=TRAIN_ROWS), held_out_dataset().select(range(VAL_ROWS))
-    from trl_length_plugin.real_task import real_held_out, real_training_set
+    from trl_length_plugin.embedded.real_task import real_held_out, real_training_set
 
     return real_training_set(0).select(range(TRAIN_ROWS)), real_held_out().select(range(VAL_ROWS))
 

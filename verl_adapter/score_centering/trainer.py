@@ -31,11 +31,17 @@ from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-from ._host import checkpoint_folder, resumed_checkpoint_folder
-from .score_centering_config import LOSS_MODE, ScoreCenteringSettings, prepare_config
-from .score_centering_host import check_vllm_server
-from .score_centering_loss import ADAPTIVE_K, CLIPPED, HOOK_FLAGS, POSITIVE, score_centering_ppo_loss
-from .setup_checks import score_centering_run
+from verl_adapter.platform.host import checkpoint_folder, resumed_checkpoint_folder
+from verl_adapter.score_centering.config import LOSS_MODE, ScoreCenteringSettings, prepare_config
+from verl_adapter.score_centering.host import check_vllm_server
+from verl_adapter.score_centering.loss import (
+    ADAPTIVE_K,
+    CLIPPED,
+    HOOK_FLAGS,
+    POSITIVE,
+    score_centering_ppo_loss,
+)
+from verl_adapter.setup_checks import score_centering_run
 
 logger = logging.getLogger("trl_length_plugin")
 METRIC_PREFIX = "actor/score_centering/"
@@ -44,7 +50,7 @@ METRIC_PREFIX = "actor/score_centering/"
 def register_capturing_replica() -> None:
     """``"vllm"`` in verl's replica registry -> the capturing replica (verl's server, checked, plus capture)."""
     check_vllm_server()
-    from .score_centering_server import ScoreCenteringVLLMReplica
+    from verl_adapter.score_centering.server import ScoreCenteringVLLMReplica
 
     RolloutReplicaRegistry.register("vllm", lambda: ScoreCenteringVLLMReplica)
 

@@ -36,8 +36,7 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from trl_length_plugin.score_centering import METRIC_KEYS, logprobs_at_ids
-
-from .score_centering_config import LOSS_MODE, MANAGER_CLASS, ScoreCenteringSettings
+from verl_adapter.score_centering.config import LOSS_MODE, MANAGER_CLASS, ScoreCenteringSettings
 
 #: the token-aligned rollout fields (``[prompt + response, K]`` per row)
 SAMPLER_IDS, SAMPLER_LOGPROBS = "sampler_topk_ids", "sampler_topk_logprobs"
@@ -99,7 +98,7 @@ def _adaptive_k(data, settings: ScoreCenteringSettings) -> float:
     if k is None:
         raise RuntimeError(
             f"score centering adaptive-ppo-clip: the micro-batch lacks {ADAPTIVE_K}; the update must come from "
-            "the score-centering trainer (verl_adapter.score_centering_trainer)"
+            "the score-centering trainer (verl_adapter.score_centering.trainer)"
         )
     return float(k)
 

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import get_args
 
 from trl_length_plugin.plugin_keys import field_default, plugin_fields
-from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
+from trl_length_plugin.score_centering import SCORE_CENTERING_KEYS
 
-PACKAGE = Path(__file__).parent
 #: (file, class) of the script arguments' dataclass, whose fields are keys of the command
-SCRIPT_ARGUMENTS = (PACKAGE / "trl_integration" / "script.py", "LengthGRPOScriptArguments")
+SCRIPT_ARGUMENTS = (Path(__file__).with_name("script.py"), "LengthGRPOScriptArguments")
 #: (feature, its keys), in the order of --help
 GROUPS = (
     (

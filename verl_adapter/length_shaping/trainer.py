@@ -41,13 +41,12 @@ from verl.workers.utils.padding import response_to_nested
 
 from trl_length_plugin.shaping.config import LengthShapingConfig
 from trl_length_plugin.shaping.run import ShapingRun
-
-from ._host import checkpoint_folder, resumed_checkpoint_folder
-from .length_advantage import raw_scores
-from .length_config import log_rollouts, shaping_config
-from .length_filter import SHAPED_BUFFERS, with_shaped_filter
-from .length_rollouts import RolloutShaper, ShapedRows, padded, row_lengths
-from .setup_checks import check_luspo
+from verl_adapter.length_shaping.advantage import raw_scores
+from verl_adapter.length_shaping.config import log_rollouts, shaping_config
+from verl_adapter.length_shaping.filter import SHAPED_BUFFERS, with_shaped_filter
+from verl_adapter.length_shaping.rollouts import RolloutShaper, ShapedRows, padded, row_lengths
+from verl_adapter.platform.host import checkpoint_folder, resumed_checkpoint_folder
+from verl_adapter.setup_checks import check_luspo
 
 logger = logging.getLogger("trl_length_plugin")
 

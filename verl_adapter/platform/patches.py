@@ -7,7 +7,7 @@ applied; when one changed, :class:`VerlHostError` names it and verl's version (f
   answers True, which it does whenever TRL is installed; TRL 1.16 no longer has that class, so every verl run in
   an environment with TRL 1.16 failed with ``ImportError``. verl's probe is made to answer whether that class
   imports. Where TRL still has it, the answer is verl's own.
-- **CPU** (:func:`install_cpu`, only in runs on ``verl_adapter.cpu_platform``): verl's process-group init gets
+- **CPU** (:func:`install_cpu`, only in runs on ``verl_adapter.platform.cpu``): verl's process-group init gets
   ``cpu:gloo`` (verl builds ``cpu:gloo,cpu:gloo``, which torch refuses), and vLLM's CPU engine keeps plain linear
   weights so verl's weight sync updates what it computes with (``trl_length_plugin.vllm_cpu``).
 """
@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 
 from trl_length_plugin.vllm_cpu import VLLM_CPU_DISPATCH
+from verl_adapter.platform.after_import import after_import
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -51,7 +52,7 @@ def checked(name: str, function) -> Callable:
     """``function`` when it is the internal ``name`` with the parameters of ``INTERNALS``, else VerlHostError."""
     found = tuple(inspect.signature(function).parameters) if callable(function) else None
     if found != INTERNALS[name]:
-        from ._host import EXPECTED
+        from verl_adapter.platform.host import EXPECTED
 
         raise VerlHostError(
             f"trl-length-plugin cannot patch {name}: expected parameters {INTERNALS[name]}, found {found} in "
@@ -157,7 +158,5 @@ def _cpu_plain_linears() -> None:
 
 def install_cpu() -> None:
     """The CPU patches, each applied right after verl or vLLM imports the module it patches."""
-    from .plugin import after_import
-
     after_import("verl.utils.distributed", _cpu_process_group)
     after_import("vllm.model_executor.layers.utils", _cpu_plain_linears)

@@ -19,17 +19,20 @@ import sys
 
 #: subcommand -> (module with ``main(argv)``, one-line help)
 SUBCOMMANDS = {
-    "grpo": ("trl_length_plugin.cli", "GRPO from a YAML recipe plus flags, with the plugin's trainer"),
+    "grpo": (
+        "trl_length_plugin.trl_integration.cli",
+        "GRPO from a YAML recipe plus flags, with the plugin's trainer",
+    ),
     "recipes": ("trl_length_plugin.recipes", "list the recipes shipped with the package and their paths"),
     "profile": ("trl_length_plugin.offline.profile_cli", "per-prompt profiles and bands from rollouts"),
     "preview": (
         "trl_length_plugin.offline.preview_cli",
         "what a length-shaping config does to saved rollouts",
     ),
-    "verl-check": ("verl_adapter.check", "a verl recipe or overrides checked without Ray or GPUs"),
-    "verl-smoke": ("verl_adapter.smoke", "a verl recipe or overrides trained a few steps on this CPU"),
+    "verl-check": ("verl_adapter.tools.check", "a verl recipe or overrides checked without Ray or GPUs"),
+    "verl-smoke": ("verl_adapter.tools.smoke", "a verl recipe or overrides trained a few steps on this CPU"),
     "recipe-smoke": (
-        "trl_length_plugin.recipe_smoke",
+        "trl_length_plugin.tools.recipe_smoke",
         "the TRL recipes trained a step each on a real model on CPU",
     ),
 }

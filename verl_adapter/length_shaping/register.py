@@ -6,12 +6,12 @@ the trainer is built). It
 
 1. checks that the installed verl is 0.9.x and still has the hooks used here, failing with a clear
    message otherwise;
-2. puts :class:`~verl_adapter.length_trainer.LengthShapingMixin` in front of each built-in V1 trainer in
+2. puts :class:`~verl_adapter.length_shaping.trainer.LengthShapingMixin` in front of each built-in V1 trainer in
    verl's trainer registry (``sync``, ``colocate_async``, ``separate_async``), so whichever
    ``trainer.v1.trainer_mode`` a run uses validates and applies the length keys.
 
 The legacy ``RayPPOTrainer`` (``trainer.use_v1=false``), which has no group-level hook, refuses a config that
-enables length shaping (``verl_adapter.legacy_trainer``).
+enables length shaping (``verl_adapter.platform.legacy_trainer``).
 
 See ``docs/verl.md`` for why this hook and for the config keys.
 """
@@ -22,9 +22,8 @@ from verl.trainer.ppo.v1 import trainer_base
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from trl_length_plugin.host_checks import parameters
-
-from ._host import EXPECTED, require_supported_verl, wrap_builtin_trainers
-from .length_trainer import LengthShapingMixin
+from verl_adapter.length_shaping.trainer import LengthShapingMixin
+from verl_adapter.platform.host import EXPECTED, require_supported_verl, wrap_builtin_trainers
 
 #: the verl methods the length shaping overrides, with their parameters in verl 0.9.1
 HOOKS = (
@@ -37,7 +36,7 @@ HOOKS = (
 
 def check_verl_hooks() -> None:
     """Raise ImportError naming the expected version when verl is not the one these hooks were written for."""
-    require_supported_verl("verl_adapter.length_shaping")
+    require_supported_verl("verl_adapter.length_shaping.register")
     changed = [
         f"{cls.__name__}.{name}"
         for cls, name, params in HOOKS
