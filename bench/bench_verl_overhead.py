@@ -9,7 +9,9 @@ worker's host memory). Ratios are against plain GRPO of the same invocation; wit
 twice in alternating order (ABC..CBA) and each arm's steps are pooled. Targets: shaping and LUSPO at most
 1.05x of plain GRPO's step; score centering reported at K = 16 and 64.
 
-    python -m bench.bench_verl_overhead [--steps 8] [--rounds 1]
+    python -m bench.bench_verl_overhead [--steps 8] [--rounds 1] [--arms "group penalties" ...]
+
+``--arms`` runs only the arms whose names contain one of the given texts (plain GRPO always runs).
 """
 
 from __future__ import annotations
@@ -79,11 +81,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--arms", nargs="*", default=(), help="run only the arms whose names contain one of these"
+    )
     args = parser.parse_args()
     phases = ("timing_s/step", *PHASES)
-    times: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in phases} for name in ARMS}
-    memory: dict[str, float] = dict.fromkeys(ARMS, 0.0)
-    names = list(ARMS)
+    names = [
+        name for i, name in enumerate(ARMS) if i == 0 or not args.arms or any(a in name for a in args.arms)
+    ]
+    times: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in phases} for name in names}
+    memory: dict[str, float] = dict.fromkeys(names, 0.0)
     with tempfile.TemporaryDirectory() as root:
         for round_index in range(args.rounds):
             for i, name in enumerate(names if round_index % 2 == 0 else names[::-1]):
