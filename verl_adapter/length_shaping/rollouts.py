@@ -6,8 +6,9 @@ One TransferQueue row ``{uid}_{session}_{index}`` is one rollout; its prompt gro
 order, groups of any size, §2.2), its agent its ``data_source`` (§2.3), its correctness reward the scalar
 sequence score ``rm_scores.sum()`` (§2.4). A score spread over more than one token (token-level or process
 rewards) is a multi-component score: its group is left untouched by both shapers. Lengths (§2.5): the
-response tokens the model generated (``response_mask == 1``) are decoded and split into reasoning and answer;
-the coefficient's length is the ``response_mask`` count (§3.2). Per-prompt metadata (§2.14) is read from
+response tokens the model generated (``response_mask == 1``) are counted and split into reasoning and answer
+where the tags lie in them (the core's ``measure_token_ids``: nothing decoded and encoded again); the
+coefficient's length is the ``response_mask`` count (§3.2). Per-prompt metadata (§2.14) is read from
 top-level dataset columns, else from the same keys under ``extra_info``, once per prompt (a bounded cache
 keyed by a fingerprint of the prompt's token ids).
 
