@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,38 @@ def test_every_name_of_every_all_imports(module):
     imported = importlib.import_module(module)
     missing = [name for name in imported.__all__ if not hasattr(imported, name)]
     assert not missing, f"{module}.__all__ names {missing}, which do not import"
+
+
+def core_definitions() -> dict[str, str]:
+    """Each public name defined at the top of a module of the core's three packages -> its package (the term
+    modules left out: their functions share their keys' names)."""
+    names = {}
+    for package in ("shaping", "score_centering", "losses"):
+        for path in (REPO / "trl_length_plugin" / package).rglob("*.py"):
+            if path.parent.name == "terms" and path.name != "__init__.py":
+                continue
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                    defined = [node.name]
+                elif isinstance(node, ast.Assign | ast.AnnAssign):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    defined = [target.id for target in targets if isinstance(target, ast.Name)]
+                else:
+                    defined = []
+                names.update((name, f"trl_length_plugin.{package}") for name in defined if name[0] != "_")
+    return names
+
+
+def test_every_core_name_the_host_guide_uses_is_exported():
+    """docs/write-a-host.md names the core's functions and classes as a host imports them: each is in its
+    package's ``__all__``."""
+    defined, used = core_definitions(), set()
+    for span in re.findall(r"`([^`]+)`", (REPO / "docs" / "write-a-host.md").read_text()):
+        name = re.match(r"([A-Za-z_]\w*)(\(.*\))?$", span.strip(), re.S)
+        if name and name.group(1) in defined:
+            used.add(name.group(1))
+    assert {"ScoreCenteringRun", "resolve_plan", "HostSettings", "ShapingRun", "luspo_loss"} <= used
+    missing = sorted(
+        f"{defined[n]}.{n}" for n in used if n not in importlib.import_module(defined[n]).__all__
+    )
+    assert not missing, f"docs/write-a-host.md uses names their packages do not export: {missing}"

@@ -164,3 +164,23 @@ def test_declarations_that_cannot_run_are_refused_at_registration(declarations, 
     with pytest.raises(ValueError, match="'auto' is reserved"):
         register_mode(ImportanceSampling("auto", half_coefficients, half_weights))
     assert "bad" not in mode_names() and "auto" not in mode_names()
+
+
+def test_every_list_of_the_modes_in_the_docs_is_the_registrys():
+    """A line of the docs that lists the modes (it names the first and the last, `off` and `adaptive-ppo-clip`)
+    names every registered mode, in the registry's order."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    lines = [
+        line
+        for page in [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+        for line in page.read_text().splitlines()
+        if "`off`" in line and "`adaptive-ppo-clip`" in line
+    ]
+    assert len(lines) >= 3
+    for line in lines:
+        assert [name for name in re.findall(r"`([\w-]+)`", line) if name in mode_names()] == list(
+            mode_names()
+        )

@@ -103,3 +103,16 @@ def test_an_unregistered_column_is_not_read():
             switches=(),
             columns=(PromptColumn("profile_band", float, "§2.12"),),
         )(lambda view, inputs: {})
+
+
+def test_the_guides_table_lists_the_registered_terms_in_order():
+    """docs/write-a-term.md's table of the §2.6 order names the package's terms of each kind as the registry
+    orders them, with their orders."""
+    import re
+
+    table = dict(
+        re.findall(r"^\| `(\w+)` \|.*\| ([^|]*) \|$", (REPO / "docs" / "write-a-term.md").read_text(), re.M)
+    )
+    assert set(table) == {term.kind for term in terms()}
+    for kind, listed in table.items():
+        assert listed.strip() == ", ".join(f"{term.name} ({term.order})" for term in terms(kind)), kind

@@ -54,8 +54,8 @@ class ScoreCenteringConfig(BaseModel):
     )
     score_centering_importance_sampling: Mode = Field(
         "auto",
-        description="auto, or a registered mode (score_centering.modes: off | is | tis | icepop | "
-        "adaptive-ppo-clip); auto derives it from the host's importance-sampling keys (reference §5.5).",
+        description=f"auto, or a registered mode (score_centering.modes: {' | '.join(mode_names())}); auto "
+        "derives it from the host's importance-sampling keys (reference §5.5).",
     )
     force_on_policy_ratio: bool = Field(
         False, description="The sampled-token ratio uses the detached current policy (reference §5.5)."

@@ -41,7 +41,7 @@ from trl_length_plugin.config_base import config_error, did_you_mean, read_yaml
 from trl_length_plugin.plugin_keys import KEY_FAMILIES, PLUGIN_KEYS, HostKeys
 from trl_length_plugin.recipes import resolve_config
 from trl_length_plugin.score_centering import ScoreCenteringConfig, sampling_filter_error
-from trl_length_plugin.shaping.config import SHAPING_KEYS, load_shaping_config
+from trl_length_plugin.shaping import SHAPING_KEYS, load_shaping_config
 from trl_length_plugin.trl_integration.cli_help import grouped_keys, plugin_help
 from trl_length_plugin.trl_integration.keys import TRL_KEYS, check_trl_keys
 

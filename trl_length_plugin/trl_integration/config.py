@@ -19,7 +19,7 @@ from trl import GRPOConfig
 from trl_length_plugin.config_base import read_json
 from trl_length_plugin.plugin_keys import field_default, with_plugin_keys
 from trl_length_plugin.score_centering import SCORE_CENTERING_KEYS, load_score_centering_config
-from trl_length_plugin.shaping.config import (
+from trl_length_plugin.shaping import (
     SHAPING_KEYS,
     LengthConfigError,
     LengthPenaltyConfig,

@@ -42,10 +42,14 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather
 
-from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig
+from trl_length_plugin.shaping import (
+    LengthConfigError,
+    LengthPenaltyConfig,
+    LengthShapingConfig,
+    ShapingRun,
+    load_shaping_config,
+)
 from trl_length_plugin.shaping.columns import AGENT_COLUMN
-from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
-from trl_length_plugin.shaping.run import ShapingRun
 from trl_length_plugin.trl_integration.callback import check_schedule_name
 from trl_length_plugin.trl_integration.keys import TRL_KEYS, check_trl_keys
 from trl_length_plugin.trl_integration.model_card import LengthCardCallback, wrapper_card

@@ -25,8 +25,7 @@ import numpy as np
 import torch
 from verl.trainer.ppo import core_algos
 
-from trl_length_plugin.shaping import group_advantages
-from trl_length_plugin.shaping.normalization import verl_normalization
+from trl_length_plugin.shaping import group_advantages, verl_normalization
 from verl_adapter.length_shaping.config import LENGTH_GRPO
 
 _RAW_SCORES: ContextVar[tuple[torch.Tensor, torch.Tensor] | None] = ContextVar(

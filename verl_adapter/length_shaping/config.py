@@ -26,7 +26,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from trl_length_plugin.config_base import did_you_mean
-from trl_length_plugin.shaping.config import (
+from trl_length_plugin.shaping import (
     LengthConfigError,
     LengthShapingConfig,
     length_limit_error,

@@ -25,12 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_token_ids
-from trl_length_plugin.shaping.metrics import mean_metrics
-from trl_length_plugin.shaping.records import GroupRecord
-from trl_length_plugin.shaping.rows import metadata_entries, truncated_rows
-from trl_length_plugin.shaping.run import ShapingRun
-from trl_length_plugin.shaping.terms import metadata_columns
+from trl_length_plugin.shaping import (
+    GroupLayout,
+    GroupRecord,
+    LengthShapingConfig,
+    RolloutBatch,
+    ShapingRun,
+    mean_metrics,
+    measure_token_ids,
+    metadata_columns,
+    metadata_entries,
+    truncated_rows,
+)
 
 _HASH_BASES = (1_000_003, 998_244_353)
 

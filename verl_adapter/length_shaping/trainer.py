@@ -39,8 +39,7 @@ from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.workers.utils.padding import response_to_nested
 
-from trl_length_plugin.shaping.config import LengthShapingConfig
-from trl_length_plugin.shaping.run import ShapingRun
+from trl_length_plugin.shaping import LengthShapingConfig, ShapingRun
 from verl_adapter.length_shaping.advantage import raw_scores
 from verl_adapter.length_shaping.config import log_rollouts, shaping_config
 from verl_adapter.length_shaping.filter import SHAPED_BUFFERS, with_shaped_filter
