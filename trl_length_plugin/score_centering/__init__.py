@@ -18,7 +18,7 @@ Names are re-exported lazily so that importing the config (pydantic only) never 
 
 from __future__ import annotations
 
-import importlib
+from trl_length_plugin._optional import lazy_exports
 
 _EXPORTS = {
     "SAMPLING_FILTER_RULES": "config",
@@ -44,7 +44,6 @@ _EXPORTS = {
     "METRIC_KEYS": "estimator",
     "ScoreCenteringOutputs": "estimator",
     "compute_score_centering_term": "estimator",
-    "plan_sampled_token_weights": "estimator",
     "sampled_token_weights": "estimator",
     "sampled_token_weights_from_logprobs": "estimator",
     "score_centering_metrics": "estimator",
@@ -63,9 +62,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -24,7 +24,7 @@ from trl_length_plugin.score_centering.config import (
 from trl_length_plugin.score_centering.controller import AdaptiveClipController
 from trl_length_plugin.score_centering.estimator import (
     ScoreCenteringOutputs,
-    plan_sampled_token_weights,
+    sampled_token_weights_from_logprobs,
     score_centering_outputs,
 )
 from trl_length_plugin.score_centering.modes import get_mode
@@ -132,7 +132,15 @@ class ScoreCenteringPlanBase:
     ) -> torch.Tensor:
         """The sampled-token weights the plugin writes into the base loss (:attr:`writes_weights`: ``is``,
         ``adaptive-ppo-clip``) at offset ``k``, from the ratio old / sampler (reference §5.5, §5.7)."""
-        return plan_sampled_token_weights(self, k, old_logprobs, sampler_logprobs, token_mask, advantages)
+        return sampled_token_weights_from_logprobs(
+            old_logprobs,
+            sampler_logprobs,
+            token_mask,
+            self.mode,
+            self.bounds_at(k),
+            advantages,
+            self.outer_bound,
+        )
 
     def clip_counts(
         self,

@@ -11,7 +11,7 @@ it before torch is imported).
 
 from __future__ import annotations
 
-import importlib
+from trl_length_plugin._optional import lazy_exports
 
 _EXPORTS = {
     "RolloutBatch": "batch",
@@ -67,9 +67,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

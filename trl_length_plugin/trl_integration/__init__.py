@@ -9,9 +9,7 @@ extra. The core does not need TRL.
 
 from __future__ import annotations
 
-import importlib
-
-from trl_length_plugin._optional import require
+from trl_length_plugin._optional import lazy_exports, require
 
 _EXPORTS = {
     "LengthPenaltyReward": "reward_wrapper",
@@ -22,10 +20,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        require("trl", "trl")
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS, lambda: require("trl", "trl"))
