@@ -130,8 +130,9 @@ class ScoreCenteringPlanBase:
         token_mask: torch.Tensor,
         advantages: torch.Tensor,
     ) -> torch.Tensor:
-        """The sampled-token weights the plugin writes into the base loss (:attr:`writes_weights`: ``is``,
-        ``adaptive-ppo-clip``) at offset ``k``, from the ratio old / sampler (reference §5.5, §5.7)."""
+        """The mode's sampled-token weights at offset ``k``, from the ratio old / sampler (reference §5.5, §5.7):
+        what the plugin writes into the base loss where :attr:`writes_weights` (``is``, ``adaptive-ppo-clip``), or
+        what a host that computes no weights of its own applies."""
         return sampled_token_weights_from_logprobs(
             old_logprobs,
             sampler_logprobs,

@@ -117,7 +117,7 @@ class ScoreCenteringRun:
         token_mask: torch.Tensor,
         advantages: torch.Tensor,
     ) -> torch.Tensor:
-        """The sampled-token weights the plugin writes (``is``, ``adaptive-ppo-clip``) at the current k."""
+        """The mode's sampled-token weights at the current k (the plan's ``sampled_token_weights``)."""
         return self.plan.sampled_token_weights(self.k, old_logprobs, sampler_logprobs, token_mask, advantages)
 
     @staticmethod
