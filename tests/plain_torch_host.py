@@ -111,7 +111,7 @@ class PlainHost:
         config = load_shaping_config(shaping)  # a bad key fails here, in one line naming it
         self.run = ShapingRun(config, NORMALIZATION)
         self.run.announce()
-        self.loss_name, self.clip = loss, clip
+        self.clip = clip
         self.centering = None  # LUSPO's ratio is per sequence: no score centering (reference §5.5)
         if loss != "luspo":
             keys = load_score_centering_config({"score_centering": True, "score_centering_top_k": top_k})
@@ -136,8 +136,8 @@ class PlainHost:
     def loss(
         self, model, rollouts: Rollouts, old: torch.Tensor, advantages: torch.Tensor, rows: torch.Tensor
     ):
-        """LUSPO's loss; or the token-level clipped loss with the sampler's TIS weights plus ``A * C``, both
-        over the loss's tokens."""
+        """LUSPO's loss; or the token-level clipped loss with the loop's truncated importance weights (the plan's
+        mode and bounds) plus ``A * C``, both over the loss's tokens."""
         mask = rollouts.mask & rows[:, None]
         sampled, at_head = policy_logprobs(model, rollouts)
         if self.centering is None:
