@@ -59,5 +59,5 @@ def test_a_task_runner_that_ignores_the_configured_manager_fails_closed(monkeypa
     ):
         check_verl_internals()
     assert len(calls) == 1 and calls[0].actor_rollout_ref.rollout.agent.agent_loop_manager_class.endswith(
-        "score_centering_host._AgentLoopManagerProbe"
+        "score_centering.host._AgentLoopManagerProbe"
     )
