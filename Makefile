@@ -12,7 +12,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m trl_length_plugin.demo
+	$(PY) -m trl_length_plugin.tools.demo
 
 test: setup lint
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
@@ -25,4 +25,4 @@ bench: setup
 	@for b in bench/bench_*.py; do echo "== $$b"; $(PY) -m bench.$$(basename $$b .py) || exit 1; done
 
 recipe-smoke: setup
-	OMP_NUM_THREADS=2 $(PY) -m trl_length_plugin.commands recipe-smoke
+	OMP_NUM_THREADS=2 $(PY) -m trl_length_plugin.tools.commands recipe-smoke

@@ -1,7 +1,7 @@
 """Which length control to pick: every shaping algorithm, the coefficient, GSPO and LUSPO on the embedded tasks and
 on a real chat model.
 
-Each arm trains the task's warm model with the task's GRPO settings (``trl_length_plugin.demo``: 60 steps of 4
+Each arm trains the task's warm model with the task's GRPO settings (``trl_length_plugin.embedded.tasks``: 60 steps of 4
 prompts x 8 completions on the embedded tasks) on the task ``--task`` names (the embedded arithmetic task, the
 embedded reasoning task whose held-out figures are also recorded per difficulty level, or ``real``: one-step
 arithmetic on SmolLM2-135M-Instruct, 2 prompts x 8 completions at temperature 0.7, docs/efficacy.md "On a real
@@ -41,8 +41,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "T
     os.environ.setdefault(_var, "false" if _var == "TOKENIZERS_PARALLELISM" else "1")
 
 from bench._harness import header, report  # noqa: E402
-from trl_length_plugin import demo, real_task  # noqa: E402
+from trl_length_plugin.embedded import real_task, tasks  # noqa: E402
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS  # noqa: E402
+from trl_length_plugin.tools import demo  # noqa: E402
 
 #: completions per training problem in the warm model's profiles
 PROFILE_SAMPLES = 16
@@ -115,7 +116,7 @@ def peer_arms(max_len: int) -> list[Arm]:
 
 
 #: the longest completion of an arithmetic-task run (the peers' maximum length there), and its peer arms
-MAX_LEN = demo.ARITHMETIC.max_length
+MAX_LEN = tasks.ARITHMETIC.max_length
 PEER_ARMS = peer_arms(MAX_LEN)
 #: the arguments each peer builder takes from the run's task: its GRPO settings and its correctness reward
 PEER_CONTEXT = {
@@ -129,7 +130,7 @@ PEER_CONTEXT = {
 }
 
 
-def peer_rewards(arm: Arm, task: demo.Task = demo.ARITHMETIC) -> tuple[list, list[float]]:
+def peer_rewards(arm: Arm, task: tasks.Task = tasks.ARITHMETIC) -> tuple[list, list[float]]:
     """The reward functions an arm adds to the correctness reward on ``task``, and every reward's weight."""
     from bench import peer_arms
 
@@ -253,12 +254,12 @@ TASK_ARMS = {
     name: [*OWN_ARMS, *length_arms(task.max_length), *peer_arms(task.max_length)]
     for name, task in real_task.GRID_TASKS.items()
 }
-ARMS = TASK_ARMS[demo.ARITHMETIC.name]
+ARMS = TASK_ARMS[tasks.ARITHMETIC.name]
 ARMS_BY_NAME = {arm.name: arm for arm in ARMS}
 PLAIN = ARMS[0].name
 
 
-def arms_by_name(task: demo.Task) -> dict[str, Arm]:
+def arms_by_name(task: tasks.Task) -> dict[str, Arm]:
     return {arm.name: arm for arm in TASK_ARMS[task.name]}
 
 
@@ -287,7 +288,7 @@ def with_targets(dataset, held_out, profiles: dict[str, dict], template: str) ->
     def levels(rows) -> list[int]:
         return rows["level"] if "level" in rows.column_names else [0] * len(rows)
 
-    targets = [profile_target(profiles[q]) if q in profiles else None for q in map(demo.question, dataset)]
+    targets = [profile_target(profiles[q]) if q in profiles else None for q in map(tasks.question, dataset)]
     by_level: dict[int, list[int]] = {}
     for target, level in zip(targets, levels(dataset), strict=True):
         if target is not None:
@@ -300,9 +301,9 @@ def with_targets(dataset, held_out, profiles: dict[str, dict], template: str) ->
     )
 
 
-def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool = True) -> dict:
+def warm_reference(seed: int, task: tasks.Task = tasks.ARITHMETIC, profiled: bool = True) -> dict:
     """The warm model of ``task`` and ``seed`` before any RL: its held-out ``eval`` figures
-    (``demo.held_out_figures``), and (``profiled``: for a grid with profile arms) ``profiles`` of its own
+    (``tasks.held_out_figures``), and (``profiled``: for a grid with profile arms) ``profiles`` of its own
     rollouts, ``PROFILE_SAMPLES`` per training problem at the training settings: ``profiled_rewards``, ``profiled_output_lengths`` (total length in
     tokens as the shaping measures it, docs/reference/length-penalties.md §2.5) and a ``band`` from the
     passing lengths (a, b = their 25th and 75th percentiles; none with fewer than two passing rollouts)."""
@@ -315,15 +316,15 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool 
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     held_out_problems = task.held_out()
-    held_out = demo.sample(
-        model, tokenizer, held_out_problems, task.eval_samples, demo.HELD_OUT_SEED, task.max_length, task
+    held_out = tasks.sample(
+        model, tokenizer, held_out_problems, task.eval_samples, tasks.HELD_OUT_SEED, task.max_length, task
     )
-    figures = demo.held_out_figures(held_out, held_out_problems, tokenizer, task.report)
+    figures = tasks.held_out_figures(held_out, held_out_problems, tokenizer, task.report)
     evaluated = dict(settings=warm_settings(task, profiled), eval=figures)
     if not profiled:
         return {**evaluated, "profiles": {}}
-    problems = demo.distinct_problems(task.training_set(seed))
-    rollouts = demo.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed, task.max_length, task)
+    problems = tasks.distinct_problems(task.training_set(seed))
+    rollouts = tasks.sample(model, tokenizer, problems, PROFILE_SAMPLES, seed, task.max_length, task)
     totals = measure_lengths([r["text"] for r in rollouts], "tokens", tokenizer).total.tolist()
     profiles = {}
     for row in range(len(problems)):
@@ -333,7 +334,7 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool 
         if len(passing) >= 2:
             a, _, b = statistics.quantiles(passing, n=4, method="inclusive")
             band = {"a": float(a), "b": float(max(b, a + 1))}
-        profiles[demo.question(problems[row])] = {
+        profiles[tasks.question(problems[row])] = {
             PROFILED_REWARDS: [correct for correct, _ in mine],
             PROFILED_OUTPUT_LENGTHS: [total for _, total in mine],
             "band": band,
@@ -341,20 +342,20 @@ def warm_reference(seed: int, task: demo.Task = demo.ARITHMETIC, profiled: bool 
     return {**evaluated, "profiles": profiles}
 
 
-def described(task: demo.Task) -> str:
+def described(task: tasks.Task) -> str:
     """The task as the plots' titles name it."""
     if task.real_model:
-        return f"{task.real_model}, {'word problems' if task.report is not demo.reasoning.step_report else 'one-step arithmetic'}"
+        return f"{task.real_model}, {'word problems' if task.report is not tasks.reasoning.step_report else 'one-step arithmetic'}"
     return f"the embedded {task.name} task"
 
 
-def with_task(stored: dict, task: demo.Task) -> dict:
+def with_task(stored: dict, task: tasks.Task) -> dict:
     """Stored settings naming their task; the arithmetic task's as before the switch, so its stored runs stay
     valid (they differ from the others' in their training settings too)."""
-    return stored if task is demo.ARITHMETIC else {**stored, "task": task.name, "warm_seed": task.warm_seed}
+    return stored if task is tasks.ARITHMETIC else {**stored, "task": task.name, "warm_seed": task.warm_seed}
 
 
-def warm_settings(task: demo.Task = demo.ARITHMETIC, profiled: bool = True) -> dict:
+def warm_settings(task: tasks.Task = tasks.ARITHMETIC, profiled: bool = True) -> dict:
     stored = dict(
         eval_samples=task.eval_samples,
         profile_samples=PROFILE_SAMPLES if profiled else 0,
@@ -371,7 +372,7 @@ def with_profiles(dataset, profiles: dict[str, dict], band_floor: float):
     """``dataset`` with the per-prompt metadata columns (docs/reference/length-penalties.md §2.14)."""
 
     def columns(row):
-        profile = profiles[demo.question(row)]
+        profile = profiles[tasks.question(row)]
         band = profile["band"]
         return {
             PROFILED_REWARDS: profile[PROFILED_REWARDS],
@@ -382,7 +383,7 @@ def with_profiles(dataset, profiles: dict[str, dict], band_floor: float):
     return dataset.map(columns)
 
 
-def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
+def settings(arm: Arm, steps: int, task: tasks.Task = tasks.ARITHMETIC) -> dict:
     """Everything a run's result depends on, as JSON stores it; a stored run with other settings is redone."""
     profiles = uses_profiles(arm)
     stored = dict(
@@ -400,7 +401,7 @@ def settings(arm: Arm, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict:
     return json.loads(json.dumps(with_task(stored, task)))
 
 
-def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = demo.ARITHMETIC.name) -> dict:
+def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = tasks.ARITHMETIC.name) -> dict:
     """One run on the task named ``task_name``: train, sample the held-out problems, return the record stored
     as JSON."""
     task = real_task.GRID_TASKS[task_name]
@@ -459,7 +460,7 @@ def run_path(out: Path, arm_name: str, seed: int) -> Path:
     return out / "runs" / f"{slug(arm_name)}-seed{seed}.json"
 
 
-def finished(out: Path, arm: Arm, seed: int, steps: int, task: demo.Task = demo.ARITHMETIC) -> dict | None:
+def finished(out: Path, arm: Arm, seed: int, steps: int, task: tasks.Task = tasks.ARITHMETIC) -> dict | None:
     """The stored record of this run with these settings, if any."""
     path = run_path(out, arm.name, seed)
     if not path.exists():
@@ -468,7 +469,7 @@ def finished(out: Path, arm: Arm, seed: int, steps: int, task: demo.Task = demo.
     return record if record["settings"] == settings(arm, steps, task) else None
 
 
-def warm_weights(task: demo.Task, seed: int) -> str:
+def warm_weights(task: tasks.Task, seed: int) -> str:
     """The fingerprint of the warm model seed ``seed``'s runs start from (sha256 of its weights, 16 hex digits):
     a rebuilt warm model need not equal the one a stored summary was trained from."""
     import hashlib
@@ -507,7 +508,7 @@ def run_grid(
     out: Path,
     jobs: int = 1,
     run: Callable[[str, int, int, str, str], dict] = train_run,
-    task: demo.Task = demo.ARITHMETIC,
+    task: tasks.Task = tasks.ARITHMETIC,
 ) -> list[dict]:
     """Every (arm, seed) run on ``task``, finished ones skipped; each new record is written as soon as it
     finishes."""
@@ -588,7 +589,7 @@ def mean_spread(values: list[float]) -> tuple[float, float]:
 
 
 def level_means(evals: list[dict]) -> list[dict] | None:
-    """Per difficulty level, the mean over seeds of the held-out figures ``demo.held_out_figures`` gives
+    """Per difficulty level, the mean over seeds of the held-out figures ``tasks.held_out_figures`` gives
     (accuracy and skipping in %), or None where a run has no levels (the arithmetic task)."""
     if not evals or any("levels" not in e for e in evals):
         return None
@@ -596,21 +597,19 @@ def level_means(evals: list[dict]) -> list[dict] | None:
     for e in evals:
         for figures in e["levels"]:
             by_level.setdefault(figures["level"], []).append(figures)
-    return [
-        dict(
+    means = []
+    for level, runs in sorted(by_level.items()):
+        figures = dict(
             level=level,
             accuracy=100 * statistics.fmean(f["accuracy"] for f in runs),
             length=statistics.fmean(f["length"] for f in runs),
             skipped=100 * statistics.fmean(f["skipped"] for f in runs),
             redundant=statistics.fmean(f["redundant"] for f in runs),
-            redundant_share=(
-                100 * statistics.fmean(f["redundant_share"] for f in runs)
-                if all("redundant_share" in f for f in runs)
-                else None
-            ),
         )
-        for level, runs in sorted(by_level.items())
-    ]
+        if all("redundant_share" in f for f in runs):
+            figures["redundant_share"] = 100 * statistics.fmean(f["redundant_share"] for f in runs)
+        means.append(figures)
+    return means
 
 
 def summarize(records: list[dict], arms: list[Arm]) -> list[dict]:
@@ -667,7 +666,7 @@ def level_table(rows: list[dict], warm: list[dict]) -> list[str]:
     if not named:
         return []
     numbers = [figures["level"] for figures in named[0][1]]
-    shares = all(f.get("redundant_share") is not None for _, levels in named for f in levels)
+    shares = all("redundant_share" in f for _, levels in named for f in levels)
     lines = [
         "",
         "Accuracy per level (held out, mean over seeds; per level: accuracy %, length in tokens, completions "
@@ -815,7 +814,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
 
 
 def write_summary(
-    records: list[dict], warm: list[dict], seeds: list[int], path: Path, task: demo.Task | None = None
+    records: list[dict], warm: list[dict], seeds: list[int], path: Path, task: tasks.Task | None = None
 ) -> Path:
     """Every run's record (its per-step curve of ``[step, length, accuracy]`` rounded to 4 digits where
     ``task`` is given, else without it, as the earlier summaries), each seed's warm-start figures and, with
@@ -945,7 +944,7 @@ def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> 
     stored = json.loads(summary.read_text())
     records = stored["runs"]
     names = {r["arm"] for r in records}
-    task = real_task.GRID_TASKS[records[0]["settings"].get("task", demo.ARITHMETIC.name)]
+    task = real_task.GRID_TASKS[records[0]["settings"].get("task", tasks.ARITHMETIC.name)]
     arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
     rows = summarize(records, arms)
     tables = all_tables(records, rows, stored["warm"])
@@ -975,11 +974,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--task",
         choices=list(real_task.GRID_TASKS),
-        default=demo.ARITHMETIC.name,
+        default=tasks.ARITHMETIC.name,
         help="the embedded task (docs/embedded.md) or the real chat model's; its runs are stored apart from the others'",
     )
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated; figures are means over seeds")
-    parser.add_argument("--steps", type=int, default=demo.STEPS, help="GRPO optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=tasks.STEPS, help="GRPO optimizer steps per run")
     parser.add_argument(
         "--jobs",
         type=int,
@@ -1018,7 +1017,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     task = real_task.GRID_TASKS[args.task]
     args.out = args.out or (
-        "outputs/efficacy" if task is demo.ARITHMETIC else f"outputs/efficacy-{task.name}"
+        "outputs/efficacy" if task is tasks.ARITHMETIC else f"outputs/efficacy-{task.name}"
     )
     args.png = args.png or str(Path(args.out) / "efficacy_pareto.png")
     if args.from_summary:

@@ -131,7 +131,7 @@ def verdict(lengths: dict[str, list[dict[int, float]]], window: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from trl_length_plugin.plotting import plot_training_curves
+    from trl_length_plugin.trl_integration.plotting import plot_training_curves
 
     seeds = [int(s) for s in args.seeds.split(",")]
     out = Path(args.out)

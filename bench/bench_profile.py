@@ -53,7 +53,7 @@ elif sys.argv[1] == "parse":
 elif sys.argv[1] == "imports":
     import datasets, torch, trl_length_plugin.offline.profile_cli, trl_length_plugin.shaping.lengths
 elif sys.argv[1] != "noop":
-    from trl_length_plugin import commands
+    from trl_length_plugin.tools import commands
     commands.main(sys.argv[1:])
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),

@@ -88,7 +88,7 @@ AGAINST = {
 
 def dataset(rows: int, seed: int):
     """The real task's training problems with the per-prompt profile columns the shaping arm reads."""
-    from trl_length_plugin import real_task
+    from trl_length_plugin.embedded import real_task
 
     data = real_task.real_training_set(seed).select(range(rows))
     data = data.add_column(PROFILED_REWARDS, [[1, 0, 0, 1]] * rows)
@@ -105,8 +105,7 @@ def train_arm(name: str, steps: int, seed: int) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_length_plugin import real_task
-    from trl_length_plugin.embedded import CPU_RUN_ARGS
+    from trl_length_plugin.embedded import CPU_RUN_ARGS, real_task
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in the trainer's process

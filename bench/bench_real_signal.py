@@ -52,12 +52,12 @@ def phrasings(question: str) -> dict[str, list[dict]]:
 def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
     from vllm import SamplingParams
 
-    from trl_length_plugin import demo, real_task
+    from trl_length_plugin.embedded import real_task, tasks
 
     params = SamplingParams(n=SAMPLES, temperature=temperature, top_p=1.0, max_tokens=MAX_TOKENS)
     figures = {}
-    for name in phrasings(demo.question(problems[0])):
-        chats = [phrasings(demo.question(row))[name] for row in problems]
+    for name in phrasings(tasks.question(problems[0])):
+        chats = [phrasings(tasks.question(row))[name] for row in problems]
         prompts = [
             tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats
         ]
@@ -87,7 +87,7 @@ def measure(llm, tokenizer, problems, temperature: float) -> dict[str, dict]:
 def main() -> None:
     from vllm import LLM
 
-    from trl_length_plugin import real_task
+    from trl_length_plugin.embedded import real_task
     from trl_length_plugin.vllm_cpu import keep_plain_cpu_linears
 
     keep_plain_cpu_linears()

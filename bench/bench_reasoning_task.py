@@ -8,7 +8,7 @@ accuracy of completions that skip necessary steps vs those that write them (with
 accuracy, and the shortest correct length (any, and among completions that write every step, vs the shortest
 possible). Then one plain GRPO run of ``--steps`` steps (4 prompts x 8 completions, every batch one problem of
 each level; the reasoning task with at most ``MAX_COMPLETION`` new tokens, the overthinking task with its grid's
-settings, ``demo.OVERTHINKING``), the same figures after it, and how much of the warm model's length and redundant
+settings, ``tasks.OVERTHINKING``), the same figures after it, and how much of the warm model's length and redundant
 tokens plain GRPO keeps. Recorded in docs/embedded.md:
 
     OMP_NUM_THREADS=1 python -m bench.bench_reasoning_task [--task reasoning|overthinking] [--seed 0]
@@ -30,34 +30,34 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 
 import dataclasses  # noqa: E402
 
-from trl_length_plugin import demo, real_task  # noqa: E402
-from trl_length_plugin.embedded import reasoning, word_problems  # noqa: E402
+from trl_length_plugin.embedded import real_task, reasoning, tasks, word_problems  # noqa: E402
 from trl_length_plugin.embedded.task import span_tokens  # noqa: E402
+from trl_length_plugin.tools import demo  # noqa: E402
 
 MAX_COMPLETION = 96
 #: each task as this bench trains it: the reasoning task with the demo's settings and longer completions (as
 #: docs/embedded.md measured it), the overthinking tasks with their grids' settings
 TASKS = {
     "reasoning": dataclasses.replace(
-        demo.REASONING, training={**demo.REASONING.training, "max_completion_length": MAX_COMPLETION}
+        tasks.REASONING, training={**tasks.REASONING.training, "max_completion_length": MAX_COMPLETION}
     ),
-    "overthinking": demo.OVERTHINKING,
+    "overthinking": tasks.OVERTHINKING,
     "real-overthinking": real_task.REAL_OVERTHINKING,
 }
 
 
-def shortest_completion(task: demo.Task, question: str) -> str:
+def shortest_completion(task: tasks.Task, question: str) -> str:
     """The shortest correct completion of ``question`` that writes every step, in ``task``'s form."""
     if task.report is reasoning.step_report:
         return reasoning.shortest_completion(question)
     return word_problems.concise_solution(word_problems.parse_word_problem(question))
 
 
-def annotate(completions: list[dict], dataset, tokenizer, task: demo.Task) -> list[dict]:
+def annotate(completions: list[dict], dataset, tokenizer, task: tasks.Task) -> list[dict]:
     """Each sampled completion with its level, step report and the shortest correct length of its problem."""
     rows = []
     for c in completions:
-        question = demo.question(dataset[c["row"]])
+        question = tasks.question(dataset[c["row"]])
         text = c["text"].strip()
         report = task.report(text, question)
         shortest = len(tokenizer.encode(shortest_completion(task, question), add_special_tokens=False)) + 1
@@ -147,13 +147,13 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def evaluate(model, tokenizer, samples: int, task: demo.Task) -> list[dict]:
+def evaluate(model, tokenizer, samples: int, task: tasks.Task) -> list[dict]:
     dataset = task.held_out()
-    completions = demo.sample(model, tokenizer, dataset, samples, demo.HELD_OUT_SEED, task.max_length, task)
+    completions = tasks.sample(model, tokenizer, dataset, samples, tasks.HELD_OUT_SEED, task.max_length, task)
     return annotate(completions, dataset, tokenizer, task)
 
 
-def train_plain(model_dir: Path, seed: int, steps: int, task: demo.Task):
+def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
     """One plain GRPO run on the training problems of ``seed``; returns the trained model and its history."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--task", choices=list(TASKS), default="reasoning", help="the task (docs/embedded.md)"
     )
     parser.add_argument("--seed", type=int, default=0, help="the warm model's seed and the GRPO run's")
-    parser.add_argument("--steps", type=int, default=demo.STEPS, help="plain GRPO steps (0: none)")
+    parser.add_argument("--steps", type=int, default=tasks.STEPS, help="plain GRPO steps (0: none)")
     parser.add_argument(
         "--samples", type=int, default=None, help="completions per held-out problem (default: the task's)"
     )

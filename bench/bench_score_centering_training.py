@@ -1,7 +1,7 @@
 """What score centering does to training under a sampler/trainer mismatch (docs/score-centering.md, "What it
 does to training"; docs/reference/score-centering.md §5.1, §5.5).
 
-GRPO on the embedded reasoning task from its warm model (``demo.REASONING``), with a sampler whose weights
+GRPO on the embedded reasoning task from its warm model (``tasks.REASONING``), with a sampler whose weights
 lag the trainer's by ``--lag`` optimizer steps at every step (a stale copy, as an asynchronous sampler or a
 delayed weight sync has). Each step samples 4 prompts x 8 completions from the lagging sampler at temperature
 1 over the full vocabulary (at most 64 new tokens), takes the sampler's top-``--k`` ids and logprobs at every
@@ -58,7 +58,7 @@ from bench.samplers import (  # noqa: E402
     make_sampler_model,
     parse_sampler,
 )
-from trl_length_plugin import demo, real_task  # noqa: E402
+from trl_length_plugin.embedded import real_task, tasks  # noqa: E402
 from trl_length_plugin.score_centering.estimator import (  # noqa: E402
     compute_score_centering_term,
     sampled_token_weights,
@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--task", choices=list(TASKS), default="reasoning", help="the embedded task or the real model's"
     )
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--steps", type=int, default=demo.STEPS)
+    parser.add_argument("--steps", type=int, default=tasks.STEPS)
     parser.add_argument(
         "--sampler",
         default="fp32",
@@ -131,10 +131,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 #: the tasks a run trains on: the embedded reasoning task and the real chat model's (docs/efficacy.md)
-TASKS = {"reasoning": demo.REASONING, "real": real_task.REAL}
+TASKS = {"reasoning": tasks.REASONING, "real": real_task.REAL}
 
 
-def batch_shape(task: demo.Task) -> tuple[int, int]:
+def batch_shape(task: tasks.Task) -> tuple[int, int]:
     """Prompts and completions per prompt of one step of ``task`` (its GRPO settings)."""
     generations = task.training["num_generations"]
     return task.training["per_device_train_batch_size"] // generations, generations
@@ -216,7 +216,7 @@ class Batch(NamedTuple):
     rewards: torch.Tensor
 
 
-def sample_batch(sampler, tokenizer, task: demo.Task, rows) -> Batch:
+def sample_batch(sampler, tokenizer, task: tasks.Task, rows) -> Batch:
     """``batch_shape(task)`` completions of ``rows`` from ``sampler`` at the task's temperature, scored."""
     _, generations = batch_shape(task)
     prompts = [p for p in chat_prompts_of(tokenizer, rows) for _ in range(generations)]
@@ -229,13 +229,15 @@ def sample_batch(sampler, tokenizer, task: demo.Task, rows) -> Batch:
     return Batch(sequences, width, full_mask, sequences[:, width:], full_mask[:, width:], rewards)
 
 
-def held_out(model, warm, tokenizer, task: demo.Task, samples: int) -> dict:
+def held_out(model, warm, tokenizer, task: tasks.Task, samples: int) -> dict:
     """The held-out figures of ``model`` (``samples`` completions a problem at the training temperature) and its
     KL to the ``warm`` model (None when ``warm`` is None)."""
     problems = task.held_out()
-    completions = demo.sample(model, tokenizer, problems, samples, demo.HELD_OUT_SEED, task.max_length, task)
+    completions = tasks.sample(
+        model, tokenizer, problems, samples, tasks.HELD_OUT_SEED, task.max_length, task
+    )
     figures = {
-        key: value for key, value in demo.held_out_figures(completions, problems).items() if key != "levels"
+        key: value for key, value in tasks.held_out_figures(completions, problems).items() if key != "levels"
     }
     if warm is not None:
         figures["kl_to_warm"] = kl_to_warm(model, warm, tokenizer, completions, problems, task)
@@ -341,7 +343,7 @@ TRAIN_FIGURES = ("ratio_std", "ratio_outside", "sampler_kl", "gap")
 
 
 def kl_to_warm(
-    trained, warm, tokenizer, completions: list[dict], held_out, task: demo.Task = demo.REASONING
+    trained, warm, tokenizer, completions: list[dict], held_out, task: tasks.Task = tasks.REASONING
 ) -> float:
     """Mean per-token KL(trained || warm) at the positions of the trained model's held-out completions, at the
     task's temperature, in chunks of about 2**24 logits."""

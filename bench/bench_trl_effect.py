@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     line(f"last {last} steps: accuracy", lambda h, e: tail_mean(h, ACCURACY, last))
     line(f"held-out eval ({EVAL_PROMPTS}x4): mean length", lambda h, e: e[f"eval_{LENGTH}"], "tk")
     line(f"held-out eval ({EVAL_PROMPTS}x4): accuracy", lambda h, e: e[f"eval_{ACCURACY}"])
-    from trl_length_plugin.plotting import plot_training_curves
+    from trl_length_plugin.trl_integration.plotting import plot_training_curves
 
     os.makedirs(os.path.dirname(os.path.abspath(args.png)), exist_ok=True)
     curves = {"shaping off": runs[False][0][0], "shaping on": runs[True][0][0]}

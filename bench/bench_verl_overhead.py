@@ -9,7 +9,9 @@ worker's host memory). Ratios are against plain GRPO of the same invocation; wit
 twice in alternating order (ABC..CBA) and each arm's steps are pooled. Targets: shaping and LUSPO at most
 1.05x of plain GRPO's step; score centering reported at K = 16 and 64.
 
-    python -m bench.bench_verl_overhead [--steps 8] [--rounds 1]
+    python -m bench.bench_verl_overhead [--steps 8] [--rounds 1] [--arms "group penalties" ...]
+
+``--arms`` runs only the arms whose names contain one of the given texts (plain GRPO always runs).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from pathlib import Path
 
 from bench._harness import header, report
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter.check import recipe_overrides
-from verl_adapter.smoke_log import read_metrics
+from verl_adapter.tools.check import recipe_overrides
+from verl_adapter.tools.smoke_log import read_metrics
 
 RECIPE = RECIPES_DIR / "verl" / "grpo_length_penalty_qwen2.5-0.5b.sh"
 BLOCK = RECIPES_DIR / "verl" / "length_penalty_gsm8k.yaml"
@@ -60,7 +62,15 @@ def base_overrides() -> list[str]:
 
 
 def run_arm(extra: list[str], steps: int, folder: Path) -> dict[int, dict]:
-    command = [sys.executable, "-m", "verl_adapter.smoke", *base_overrides(), *extra, "--steps", str(steps)]
+    command = [
+        sys.executable,
+        "-m",
+        "verl_adapter.tools.smoke",
+        *base_overrides(),
+        *extra,
+        "--steps",
+        str(steps),
+    ]
     done = subprocess.run([*command, "--run-dir", str(folder)], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"arm failed ({' '.join(extra) or 'plain'}): {done.stderr.strip()[-500:]}")
@@ -71,11 +81,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--arms", nargs="*", default=(), help="run only the arms whose names contain one of these"
+    )
     args = parser.parse_args()
     phases = ("timing_s/step", *PHASES)
-    times: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in phases} for name in ARMS}
-    memory: dict[str, float] = dict.fromkeys(ARMS, 0.0)
-    names = list(ARMS)
+    names = [
+        name for i, name in enumerate(ARMS) if i == 0 or not args.arms or any(a in name for a in args.arms)
+    ]
+    times: dict[str, dict[str, list[float]]] = {name: {phase: [] for phase in phases} for name in names}
+    memory: dict[str, float] = dict.fromkeys(names, 0.0)
     with tempfile.TemporaryDirectory() as root:
         for round_index in range(args.rounds):
             for i, name in enumerate(names if round_index % 2 == 0 else names[::-1]):

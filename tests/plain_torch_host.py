@@ -1,7 +1,9 @@
 """A third host, written against the host contract alone (docs/write-a-host.md): a plain PyTorch GRPO loop
-with length shaping and either LUSPO's sequence loss or a token-level clipped loss with TIS and the
-score-centering term (score centering needs a per-token ratio, reference §5.5), importing only the core and
-transformers' model. The sampler is the model's own ``generate``; its top-K ids and logprobs stand in for vLLM's."""
+with length shaping and either LUSPO's sequence loss or a token-level clipped loss with its own truncated
+importance sampling and the score-centering term (score centering needs a per-token ratio, reference §5.5),
+importing only the core's public names. The sampler is the model's own ``generate``; its top-K ids and logprobs
+stand in for vLLM's. Score centering's plan is resolved from the loop's settings like TRL's and verl's: the
+loss reads the mode and its bounds from it."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from trl_length_plugin.losses.luspo import luspo_loss
-from trl_length_plugin.score_centering.estimator import (
-    compute_score_centering_term,
-    sampled_token_weights_from_logprobs,
+from trl_length_plugin.losses import luspo_loss
+from trl_length_plugin.score_centering import (
+    HostSettings,
+    HostWeights,
+    ScoreCenteringRun,
+    check_is_bounds,
+    load_score_centering_config,
+    policy_logprobs_at_sampler_topk,
 )
-from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
 from trl_length_plugin.shaping import (
     GroupNormalization,
     RolloutBatch,
@@ -24,6 +29,8 @@ from trl_length_plugin.shaping import (
 )
 
 NORMALIZATION = GroupNormalization(scale_by_std=True, std_eps=1e-4)
+#: how the loop samples: temperature 1, no filter (``sample``)
+SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
 
 @dataclass
@@ -77,14 +84,39 @@ def policy_logprobs(model, rollouts: Rollouts) -> tuple[torch.Tensor, torch.Tens
     return head.sampled, head.topk
 
 
-class PlainHost:
-    """The loop's plugin side: the config checked before the model is used, then one call per step."""
+def host_settings(is_bounds: tuple[float, float], clip: tuple[float, float]) -> HostSettings:
+    """The loop's settings in the plugin's terms, in its own keys: its sampled-token weights are truncated
+    importance sampling in ``is_bounds`` (the plugin's ``tis``), its clip ``clip``, its sampler unfiltered."""
+    return HostSettings(
+        weights=HostWeights(
+            derived="tis",
+            carries_written=False,
+            needs=lambda mode: "needs the plain loop's own truncated weights (is_bounds)",
+            bounds=lambda mode: check_is_bounds(*is_bounds, "is_bounds[0]", "is_bounds[1]"),
+            clip=(*clip, "clip[0]", "clip[1]"),
+        ),
+        clip={"clip[0]": clip[0], "clip[1]": clip[1]},
+        clip_keys=("clip[0]", "clip[1]"),
+        engine_cap=(None, "max_logprobs"),
+        sampling=SAMPLING,
+        sampling_keys={name: name for name in (*SAMPLING, "logprobs_mode")},
+    )
 
-    def __init__(self, shaping: dict, loss: str, is_bounds: tuple[float, float], clip=(0.2, 0.28)):
+
+class PlainHost:
+    """The loop's plugin side: the configs checked and score centering's plan resolved before the model is
+    used, then one call per step."""
+
+    def __init__(self, shaping: dict, loss: str, is_bounds: tuple[float, float], clip=(0.2, 0.28), top_k=16):
         config = load_shaping_config(shaping)  # a bad key fails here, in one line naming it
         self.run = ShapingRun(config, NORMALIZATION)
         self.run.announce()
-        self.loss_name, self.is_bounds, self.clip = loss, is_bounds, clip
+        self.clip = clip
+        self.centering = None  # LUSPO's ratio is per sequence: no score centering (reference §5.5)
+        if loss != "luspo":
+            keys = load_score_centering_config({"score_centering": True, "score_centering_top_k": top_k})
+            self.centering = ScoreCenteringRun.resolve(keys, host_settings(is_bounds, clip))
+            self.centering.announce()
 
     def advantages(self, rewards: list[float], lengths: torch.Tensor, group: int, step: int):
         """The core's result for the step's groups, the advantages and the rows that stay in the loss."""
@@ -104,21 +136,17 @@ class PlainHost:
     def loss(
         self, model, rollouts: Rollouts, old: torch.Tensor, advantages: torch.Tensor, rows: torch.Tensor
     ):
-        """LUSPO's loss; or the token-level clipped loss with the sampler's TIS weights plus ``A * C``, both
-        over the loss's tokens."""
+        """LUSPO's loss; or the token-level clipped loss with the loop's truncated importance weights (the plan's
+        mode and bounds) plus ``A * C``, both over the loss's tokens."""
         mask = rollouts.mask & rows[:, None]
         sampled, at_head = policy_logprobs(model, rollouts)
-        if self.loss_name == "luspo":
+        if self.centering is None:
             return luspo_loss(sampled, old, advantages, mask, *self.clip)
-        weights = sampled_token_weights_from_logprobs(
-            old, rollouts.sampler_logprobs, mask, "tis", self.is_bounds
-        )
         ratio, adv = (sampled - old).exp(), advantages[:, None]
+        weights = self.centering.sampled_token_weights(old, rollouts.sampler_logprobs, mask, adv)
         clipped = ratio.clamp(1 - self.clip[0], 1 + self.clip[1])
         base = -(torch.minimum(ratio * adv, clipped * adv) * weights)[mask].sum()
-        term = compute_score_centering_term(
-            at_head, sampler_topk_logprobs=rollouts.head_logprobs, importance_sampling_mode="tis",
-            is_bounds=self.is_bounds, token_mask=mask, sampler_replay=False,
-        )  # fmt: skip
+        term = self.centering.outputs(at_head, sampler_topk_logprobs=rollouts.head_logprobs, token_mask=mask)
         loss = (base + (adv * term.correction).sum()) / mask.sum().clamp(min=1)
-        return loss, {"head_mass": term.sampler_head_mass[mask], "correction": term.correction.detach()}
+        head_mass = term.token_metrics["score_centering/head_mass"][mask]  # the sampler's, sum_H q (§5.6)
+        return loss, {"head_mass": head_mass, "correction": term.correction.detach()}

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench import bench_efficacy as bench
-from trl_length_plugin import demo, real_task
+from trl_length_plugin.embedded import real_task, tasks
+from trl_length_plugin.tools import demo
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS_ARMS = {"GSPO", "LUSPO"}
@@ -26,9 +27,9 @@ def test_every_arm_builds_a_valid_config(arm, tmp_path):
     _, weights = bench.peer_rewards(arm)
     config = LengthPluginGRPOConfig(
         output_dir=str(tmp_path),
-        max_steps=demo.STEPS,
+        max_steps=tasks.STEPS,
         seed=0,
-        **{**demo.TRAINING, **CPU_RUN_ARGS, "reward_weights": weights, **arm.keys},
+        **{**tasks.TRAINING, **CPU_RUN_ARGS, "reward_weights": weights, **arm.keys},
     )
     peers = {peer.name for peer in bench.PEER_ARMS}
     assert config.shaping.enabled == (arm.name not in {bench.PLAIN, *LOSS_ARMS, *peers})
@@ -47,8 +48,8 @@ def test_profile_columns_parse_as_valid_metadata():
     from trl_length_plugin.shaping.columns import METADATA_COLUMNS
     from trl_length_plugin.shaping.metadata import parse_prompt_metadata
 
-    dataset = demo.training_dataset(0, size=64)
-    questions = sorted({demo.question(row) for row in dataset})
+    dataset = tasks.training_dataset(0, size=64)
+    questions = sorted({tasks.question(row) for row in dataset})
     profiles = {
         q: {
             "profiled_rewards": [1, 0, 1],
@@ -63,7 +64,7 @@ def test_profile_columns_parse_as_valid_metadata():
     )
     assert not parsed.invalid.any()
     for row, bands in zip(shaped, parsed.bands, strict=True):
-        if profiles[demo.question(row)]["band"] is None:
+        if profiles[tasks.question(row)]["band"] is None:
             assert math.isnan(bands[0, 0])
         else:
             assert bands[0].tolist() == [11.0, 13.0, 0.2]
@@ -164,7 +165,7 @@ def test_summary_changes_are_per_seed_and_the_best_trade_off_keeps_accuracy():
     assert "| group-relative 1.0 | 13.7 ± 0.9 | -35.0 ± 0.0% | 34.5 ± 6.4 | -0.5 ± 0.7 |" in tables
 
 
-@pytest.mark.parametrize("task", list(demo.TASKS.values()), ids=lambda task: task.name)
+@pytest.mark.parametrize("task", list(tasks.TASKS.values()), ids=lambda task: task.name)
 def test_demo_trains_each_tasks_best_trade_off_and_prints_the_grids_rows(task):
     """The demo's best arm (of ours) and best peer of each task are those the committed grid summary gives by
     the best-trade-off rule, and the demo finds their seed-0 rows (with plain GRPO's) in that summary."""
@@ -176,13 +177,13 @@ def test_demo_trains_each_tasks_best_trade_off_and_prints_the_grids_rows(task):
     ours = [r for r in rows if not bench.is_peer(r["arm"])]
     assert bench.best_trade_off(ours)["arm"].name == task.best_name
     assert bench.best_trade_off([r for r in rows if bench.is_peer(r["arm"])])["arm"].name == task.best_peer
-    grid = demo.grid_rows(task, 0, demo.STEPS)
+    grid = demo.grid_rows(task, 0, tasks.STEPS)
     assert list(grid) == [demo.PLAIN_NAME, task.best_name, task.best_peer]
     assert all(record["seed"] == 0 and {"train", "eval"} <= set(record) for record in grid.values())
-    assert demo.grid_rows(task, 0, demo.STEPS + 1) == {}
+    assert demo.grid_rows(task, 0, tasks.STEPS + 1) == {}
     text = (REPO / "docs" / "efficacy.md").read_text()
     arithmetic = text.index("## The arithmetic task")
-    section = text[arithmetic:] if task is demo.ARITHMETIC else text[:arithmetic]
+    section = text[arithmetic:] if task is tasks.ARITHMETIC else text[:arithmetic]
     assert f"**{task.best_name}**" in section and task.best_peer in section
 
 
@@ -267,7 +268,7 @@ def test_arithmetic_settings_are_unchanged_by_the_task_switch():
         "training": ARITHMETIC_TRAINING,
         "eval_samples": 64,
     }
-    assert bench.settings(soft, 60) == bench.settings(soft, 60, demo.ARITHMETIC) == expected
+    assert bench.settings(soft, 60) == bench.settings(soft, 60, tasks.ARITHMETIC) == expected
     band = bench.ARMS_BY_NAME["profile band f 0.2"]
     assert bench.settings(band, 60) == {
         **expected,
@@ -284,8 +285,8 @@ def test_arithmetic_settings_are_unchanged_by_the_task_switch():
 
 
 def test_reasoning_settings_name_their_task_and_longer_completions():
-    soft = bench.arms_by_name(demo.REASONING)["TRL soft overlong buffer L/4"]
-    stored = bench.settings(soft, 60, demo.REASONING)
+    soft = bench.arms_by_name(tasks.REASONING)["TRL soft overlong buffer L/4"]
+    stored = bench.settings(soft, 60, tasks.REASONING)
     assert stored["task"] == "reasoning"
     assert stored["rewards"] == [["soft_overlong_reward", {"cache": 16}]]  # L/4 of 64 tokens
     assert stored["training"] == {
@@ -293,8 +294,8 @@ def test_reasoning_settings_name_their_task_and_longer_completions():
         "max_completion_length": 64,
         "shuffle_dataset": False,
     }
-    assert bench.warm_settings(demo.REASONING)["task"] == "reasoning"
-    assert bench.warm_settings(demo.REASONING) != bench.warm_settings()
+    assert bench.warm_settings(tasks.REASONING)["task"] == "reasoning"
+    assert bench.warm_settings(tasks.REASONING) != bench.warm_settings()
 
 
 def test_a_stored_run_of_one_task_is_not_reused_for_the_other(tmp_path):
@@ -302,19 +303,19 @@ def test_a_stored_run_of_one_task_is_not_reused_for_the_other(tmp_path):
 
     def stub(arm_name, seed, steps, out, task_name):
         calls.append((arm_name, task_name))
-        task = demo.TASKS[task_name]
+        task = tasks.TASKS[task_name]
         record = fake_record(arm_name, seed, steps)
         return {**record, "settings": bench.settings(bench.arms_by_name(task)[arm_name], steps, task)}
 
     plain = bench.ARMS[:1]
     bench.run_grid(plain, [0], 5, tmp_path, run=stub)
-    bench.run_grid(plain, [0], 5, tmp_path, run=stub, task=demo.REASONING)
-    bench.run_grid(plain, [0], 5, tmp_path, run=stub, task=demo.REASONING)
+    bench.run_grid(plain, [0], 5, tmp_path, run=stub, task=tasks.REASONING)
+    bench.run_grid(plain, [0], 5, tmp_path, run=stub, task=tasks.REASONING)
     assert calls == [(bench.PLAIN, "arithmetic"), (bench.PLAIN, "reasoning")]  # the third finds its run
-    assert bench.finished(tmp_path, plain[0], 0, 5, demo.ARITHMETIC) is None  # overwritten by reasoning
+    assert bench.finished(tmp_path, plain[0], 0, 5, tasks.ARITHMETIC) is None  # overwritten by reasoning
 
 
-@pytest.mark.parametrize("task", list(demo.TASKS.values()), ids=lambda task: task.name)
+@pytest.mark.parametrize("task", list(tasks.TASKS.values()), ids=lambda task: task.name)
 def test_every_arm_of_each_task_builds_a_valid_config_at_its_length(task, tmp_path):
     from trl_length_plugin.embedded import CPU_RUN_ARGS
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
@@ -325,7 +326,7 @@ def test_every_arm_of_each_task_builds_a_valid_config_at_its_length(task, tmp_pa
         functions, weights = bench.peer_rewards(arm, task)
         config = LengthPluginGRPOConfig(
             output_dir=str(tmp_path),
-            max_steps=demo.STEPS,
+            max_steps=tasks.STEPS,
             seed=0,
             **{**task.training, **CPU_RUN_ARGS, "reward_weights": weights, **arm.keys},
         )
@@ -334,7 +335,7 @@ def test_every_arm_of_each_task_builds_a_valid_config_at_its_length(task, tmp_pa
             assert config.max_completion_length == 2 * task.max_length // 3
         else:
             assert config.max_completion_length == task.max_length
-        assert config.shuffle_dataset == (task is demo.ARITHMETIC)
+        assert config.shuffle_dataset == (task is tasks.ARITHMETIC)
     curriculum = bench.arms_by_name(task)["overlong curriculum L to 3L/4"].keys
     (shrink,) = curriculum["length_schedule"]
     assert [stage["value"] for stage in shrink["stages"]] == [task.max_length, 7 * task.max_length // 8]
@@ -396,10 +397,10 @@ def test_held_out_figures_read_the_reasoning_levels_with_step_report():
     dataset = make_reasoning_dataset(4, seed=3, levels=(1, 3))
     level_1 = next(i for i, level in enumerate(dataset["level"]) if level == 1)
     level_3 = next(i for i, level in enumerate(dataset["level"]) if level == 3)
-    lean = shortest_completion(demo.question(dataset[level_3]))
+    lean = shortest_completion(tasks.question(dataset[level_3]))
     first_step = lean.split(", ")[0]
     completions = [
-        dict(row=level_1, text=shortest_completion(demo.question(dataset[level_1])), tokens=12, correct=1.0),
+        dict(row=level_1, text=shortest_completion(tasks.question(dataset[level_1])), tokens=12, correct=1.0),
         dict(row=level_3, text=lean, tokens=26, correct=1.0),
         dict(
             row=level_3,
@@ -408,14 +409,14 @@ def test_held_out_figures_read_the_reasoning_levels_with_step_report():
             correct=0.0,
         ),
     ]
-    figures = demo.held_out_figures(completions, dataset)
+    figures = tasks.held_out_figures(completions, dataset)
     assert figures["length"] == pytest.approx(58 / 3) and figures["accuracy"] == pytest.approx(2 / 3)
     assert figures["levels"] == [
         dict(level=1, samples=1, length=12.0, accuracy=1.0, skipped=0.0, redundant=0.0),
         dict(level=3, samples=2, length=23.0, accuracy=0.5, skipped=0.5, redundant=0.5),
     ]
-    arithmetic = demo.held_out_figures(
-        [dict(row=0, text="", tokens=10, correct=0.0)], demo.held_out_dataset()
+    arithmetic = tasks.held_out_figures(
+        [dict(row=0, text="", tokens=10, correct=0.0)], tasks.held_out_dataset()
     )
     assert arithmetic == dict(length=10.0, accuracy=0.0)
 
@@ -424,16 +425,16 @@ def test_demo_parses_its_task():
     args = demo.parse_args(["--task", "arithmetic", "--steps", "5"])
     assert (args.task, args.steps, args.output_dir) == ("arithmetic", 5, "outputs/demo-arithmetic")
     args = demo.parse_args([])
-    assert (args.task, args.steps, args.output_dir) == ("overthinking", demo.STEPS, "outputs/demo")
+    assert (args.task, args.steps, args.output_dir) == ("overthinking", tasks.STEPS, "outputs/demo")
     assert demo.parse_args(["--task", "arithmetic", "--output-dir", "x"]).output_dir == "x"
     with pytest.raises(SystemExit):
         demo.parse_args(["--task", "chess"])
 
 
 def test_reasoning_task_trains_on_level_blocks_and_keeps_held_out_problems_apart():
-    task = demo.REASONING
+    task = tasks.REASONING
     train, held_out = task.training_set(0), task.held_out()
-    assert len(train) == demo.REASONING_TRAINING_SIZE
+    assert len(train) == tasks.REASONING_TRAINING_SIZE
     assert task.training["shuffle_dataset"] is False
     prompts_per_step = task.training["per_device_train_batch_size"] // task.training["num_generations"]
     levels = train["level"]
@@ -441,14 +442,14 @@ def test_reasoning_task_trains_on_level_blocks_and_keeps_held_out_problems_apart
         sorted(levels[i : i + prompts_per_step]) == [1, 2, 3, 4]
         for i in range(0, len(levels), prompts_per_step)
     )
-    assert not {demo.question(row) for row in train} & {demo.question(row) for row in held_out}
+    assert not {tasks.question(row) for row in train} & {tasks.question(row) for row in held_out}
 
 
 def test_a_reasoning_summary_regenerates_its_level_table(tmp_path):
     records = [
         {
             **level_record(name, seed, [(0.9 - 0.1 * seed, 14.0, 0.1, 0.2), (0.5, 30.0 - seed, 0.2, 0.1)]),
-            "settings": bench.settings(bench.arms_by_name(demo.REASONING)[name], 5, demo.REASONING),
+            "settings": bench.settings(bench.arms_by_name(tasks.REASONING)[name], 5, tasks.REASONING),
         }
         for name in (bench.PLAIN, "TRL truncation mask budget 2L/3")
         for seed in range(2)
@@ -463,7 +464,7 @@ def test_a_reasoning_summary_regenerates_its_level_table(tmp_path):
         "| TRL truncation mask budget 2L/3 | 85.0 / 14.0 / 10.0 / 0.20 | 50.0 / 29.5 / 20.0 / 0.10 |" in table
     )
     assert (
-        bench.arms_by_name(demo.REASONING)["TRL truncation mask budget 2L/3"].keys["max_completion_length"]
+        bench.arms_by_name(tasks.REASONING)["TRL truncation mask budget 2L/3"].keys["max_completion_length"]
         == 42
     )
 
@@ -491,19 +492,19 @@ def test_target_arms_ask_each_prompt_for_its_profiled_target_and_held_out_for_it
     held_out = reasoning.make_reasoning_dataset(4, seed=4)
     a_values = [10.4, 20.6, 30.0, 11.0, 21.0, 31.0, None, 40.0]
     profiles = {
-        demo.question(row): {"band": None if a is None else {"a": a, "b": a + 5}}
+        tasks.question(row): {"band": None if a is None else {"a": a, "b": a + 5}}
         for row, a in zip(train, a_values, strict=True)
     }
-    arm = bench.arms_by_name(demo.REASONING)["L1 target max 0.05"]
+    arm = bench.arms_by_name(tasks.REASONING)["L1 target max 0.05"]
     assert (
         bench.uses_profiles(arm)
-        and bench.settings(arm, 60, demo.REASONING)["target_prompt"] == arm.target_prompt
+        and bench.settings(arm, 60, tasks.REASONING)["target_prompt"] == arm.target_prompt
     )
     trained, asked = bench.with_targets(train, held_out, profiles, arm.target_prompt)
     assert trained["target_length"] == [10, 21, 30, 11, 21, 31, None, 40]
     first = trained[0]["prompt"][-1]["content"]
-    assert first == f"{demo.question(train[0])} Think for maximum 10 tokens."
-    assert demo.question(trained[6]) == demo.question(train[6])  # no target: the prompt is unchanged
+    assert first == f"{tasks.question(train[0])} Think for maximum 10 tokens."
+    assert tasks.question(trained[6]) == tasks.question(train[6])  # no target: the prompt is unchanged
     medians = {}
     for target, level in zip(trained["target_length"], train["level"], strict=True):
         if target is not None:
@@ -512,14 +513,15 @@ def test_target_arms_ask_each_prompt_for_its_profiled_target_and_held_out_for_it
         round(statistics.median(medians[level])) if level in medians else None for level in held_out["level"]
     ]
     assert asked["target_length"] == expected
-    plain = bench.arms_by_name(demo.REASONING)[bench.PLAIN]
-    assert "target_prompt" not in bench.settings(plain, 60, demo.REASONING)  # stored runs stay valid
+    plain = bench.arms_by_name(tasks.REASONING)[bench.PLAIN]
+    assert "target_prompt" not in bench.settings(plain, 60, tasks.REASONING)  # stored runs stay valid
 
 
 def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeypatch):
-    """bench/warm_models holds the reasoning warm model under the cache name ``embedded_model_dir`` looks up
-    (scripts/setup.sh copies it into the cache), and it is the model the committed grid summary was trained
-    from. A recipe change (a new cache key) fails here until the model is rebuilt and pinned again."""
+    """bench/warm_models holds the reasoning and overthinking warm models under the cache names
+    ``embedded_model_dir`` looks up (scripts/setup.sh copies them into the cache), and each is the model its
+    committed grid summaries were trained from. A recipe change (a new cache key) fails here until the model is
+    rebuilt and pinned again."""
     import shutil
 
     from trl_length_plugin.embedded import embedded_model_dir
@@ -528,25 +530,33 @@ def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeyp
     for path in pinned:
         shutil.copytree(path, tmp_path / path.name)
     monkeypatch.setenv("TRL_LENGTH_PLUGIN_CACHE", str(tmp_path))
-    found = embedded_model_dir(warm_start=True, seed=demo.REASONING.warm_seed, task="reasoning")
-    assert [found.name] == [path.name for path in pinned]
-    for name in (demo.REASONING.grid_summary, "efficacy_reasoning_runs.json"):
-        summary = json.loads((REPO / "docs" / name).read_text())
-        assert {warm["weights"] for warm in summary["warm"]} == {bench.warm_weights(demo.REASONING, 0)}
+    summaries = {
+        tasks.REASONING: (tasks.REASONING.grid_summary, "efficacy_reasoning_runs.json"),
+        tasks.OVERTHINKING: (tasks.OVERTHINKING.grid_summary,),
+    }
+    found = {
+        task: embedded_model_dir(warm_start=True, seed=task.warm_seed, task=task.name) for task in summaries
+    }
+    assert sorted(path.name for path in found.values()) == sorted(path.name for path in pinned)
+    for task, names in summaries.items():
+        for name in names:
+            summary = json.loads((REPO / "docs" / name).read_text())
+            assert {warm["weights"] for warm in summary["warm"]} == {bench.warm_weights(task, 0)}
+            assert summary.get("model", found[task].name) == found[task].name
 
 
 def test_the_real_task_draws_one_step_problems_apart_from_its_held_out_ones():
-    held_out = [demo.question(row) for row in real_task.real_held_out()]
+    held_out = [tasks.question(row) for row in real_task.real_held_out()]
     assert len(held_out) == len(set(held_out)) == real_task.REAL_HELD_OUT
     training = real_task.real_training_set(0)
-    assert not set(map(demo.question, training)) & set(held_out)
+    assert not set(map(tasks.question, training)) & set(held_out)
     assert (
         real_task.real_training_set(0)["prompt"]
         == training["prompt"]
         != real_task.real_training_set(1)["prompt"]
     )
     for row in training:
-        a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", demo.question(row)).groups()
+        a, op, b = re.fullmatch(r"What is (\d+) ([+-]) (\d+)\?", tasks.question(row)).groups()
         assert 2 <= int(a) <= 20 and 2 <= int(b) <= 20
         assert int(row["answer"]) == (int(a) + int(b) if op == "+" else int(a) - int(b)) >= 0
 
@@ -555,9 +565,11 @@ def test_the_real_task_scores_the_last_number_and_logs_it_under_its_own_name():
     completions = ["6 + 20 = 26.", "It is 25", "26 apples, or 3 boxes", "twenty-six"]
     assert real_task.last_number_correctness(completions, ["26"] * 4) == [1.0, 0.0, 0.0, 0.0]
     assert real_task.REAL.accuracy_key == "rewards/last_number_correctness/mean"
-    assert demo.ARITHMETIC.accuracy_key == demo.REASONING.accuracy_key == demo.ACCURACY_KEY
+    assert tasks.ARITHMETIC.accuracy_key == tasks.REASONING.accuracy_key == demo.ACCURACY_KEY
     assert real_task.REAL.max_length == 48 and real_task.REAL.training["temperature"] == 0.7
-    assert set(real_task.GRID_TASKS) == {*demo.TASKS, "real"} and "real" not in demo.TASKS  # not a demo task
+    assert (
+        set(real_task.GRID_TASKS) == {*tasks.TASKS, "real", "real-overthinking"} and "real" not in tasks.TASKS
+    )  # not a demo task
 
 
 def test_the_real_tasks_stored_settings_name_it_and_its_samples():
@@ -569,7 +581,7 @@ def test_the_real_tasks_stored_settings_name_it_and_its_samples():
         real_task.REAL_TRAINING,
     )
     assert bench.warm_settings(real_task.REAL, profiled=False)["profile_samples"] == 0
-    assert bench.warm_settings(demo.REASONING) == bench.warm_settings(demo.REASONING, profiled=True)
+    assert bench.warm_settings(tasks.REASONING) == bench.warm_settings(tasks.REASONING, profiled=True)
     assert bench.described(real_task.REAL) == "smollm2-135m-instruct, one-step arithmetic"
 
 

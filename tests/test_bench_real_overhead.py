@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import bench_real_overhead as bench
-from trl_length_plugin import real_task
+from trl_length_plugin.embedded import real_task
 
 
 @pytest.mark.parametrize("feature", list(bench.AGAINST))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from trl_length_plugin import demo
+from trl_length_plugin.embedded import tasks
+from trl_length_plugin.tools import demo
 
 
 @pytest.mark.slow
@@ -13,7 +14,7 @@ def test_demo_trains_plain_grpo_and_the_best_arm_side_by_side(tmp_path, capsys):
     png = demo.main(["--steps", "2", "--output-dir", str(tmp_path)])
     out = capsys.readouterr().out
     task = demo.DEFAULT_TASK
-    assert task is demo.OVERTHINKING
+    assert task is tasks.OVERTHINKING
     assert f"this run: {demo.PLAIN_NAME}" in out and f"this run: {task.best_name}" in out
     assert f"[demo] {task.best_name} vs {demo.PLAIN_NAME} (this run): length " in out
     assert "no stored grid run of seed 0 at 2 steps" in out  # the grid ran 60 steps

@@ -182,7 +182,7 @@ RECIPES = RECIPES_DIR / "trl"
 
 
 def parse_recipe(name, *flags):
-    from trl_length_plugin.cli import parse_args
+    from trl_length_plugin.trl_integration.cli import parse_args
 
     return parse_args(["--config", str(RECIPES / name), *flags])[1]
 
@@ -205,7 +205,7 @@ def test_gpu_recipes_are_twins_that_differ_only_in_the_loss():
 @pytest.mark.slow
 def test_cpu_recipe_trains_with_luspo(tmp_path):
     """One step of recipe luspo_cpu through the command line's parse_args and run."""
-    from trl_length_plugin.cli import parse_args, run
+    from trl_length_plugin.trl_integration.cli import parse_args, run
 
     parsed = parse_args(
         ["--config", str(RECIPES / "luspo_cpu.yaml"), "--max_steps", "1", "--output_dir", str(tmp_path)]

@@ -13,9 +13,9 @@ import pytest
 import torch
 import yaml
 
-from trl_length_plugin import commands
 from trl_length_plugin.shaping import RolloutBatch, load_shaping_config, shape_rollouts
 from trl_length_plugin.shaping.normalization import TRL_NORMALIZATION
+from trl_length_plugin.tools import commands
 
 BAND = {"total": {"a": 10, "b": 20, "f": 0.5}}
 # (group, agent, reasoning, answer, reward, completion tokens); group b's first row carries its band
@@ -233,7 +233,7 @@ def test_misspelled_recipe_key_and_the_console_command(tmp_path):
         [
             sys.executable,
             "-m",
-            "trl_length_plugin.commands",
+            "trl_length_plugin.tools.commands",
             "preview",
             str(write_rollouts(tmp_path / "r.jsonl")),
             "--config",
@@ -259,7 +259,7 @@ def test_duplicate_recipe_key_is_refused_as_the_trainers_cli_refuses_it(tmp_path
         [
             sys.executable,
             "-m",
-            "trl_length_plugin.commands",
+            "trl_length_plugin.tools.commands",
             "preview",
             str(write_rollouts(tmp_path / "r.jsonl")),
             "--config",

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from trl_length_plugin import commands
 from trl_length_plugin.embedded import load_tokenizer
 from trl_length_plugin.shaping import measure_lengths
+from trl_length_plugin.tools import commands
 
 ROWS = [
     # prompt 0: totals 10, 20, 40 (wrong), 30, 50; answers all 2
@@ -244,7 +244,7 @@ def test_empty_and_all_malformed_files_end_with_one_clear_line(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "trl_length_plugin.commands",
+                "trl_length_plugin.tools.commands",
                 "profile",
                 str(path),
                 "-o",

@@ -27,7 +27,7 @@ def command(*argv, cwd=None) -> subprocess.CompletedProcess:
     """``trl-length ARGV`` as a real process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run(
-        [sys.executable, "-m", "trl_length_plugin.commands", *map(str, argv)],
+        [sys.executable, "-m", "trl_length_plugin.tools.commands", *map(str, argv)],
         capture_output=True,
         text=True,
         timeout=180,

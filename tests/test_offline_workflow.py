@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tests.test_offline_profile import profile
-from trl_length_plugin import commands
 from trl_length_plugin.embedded import make_task_dataset, score_completion
+from trl_length_plugin.tools import commands
 
 REPO = Path(__file__).resolve().parents[1]
 GATE = re.compile(r"limit=(\S+) open=(True|False) reason=(\w+)")

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("trl_length_plugin", "verl_adapter")
 ENTRY_POINTS = {
     "console_scripts": {
-        "trl-length": "trl_length_plugin.commands:main",
-        "trl-length-grpo": "trl_length_plugin.cli:main",
+        "trl-length": "trl_length_plugin.tools.commands:main",
+        "trl-length-grpo": "trl_length_plugin.trl_integration.cli:main",
     },
     "verl.plugins": {"trl_length_plugin": "verl_adapter.plugin"},
 }
@@ -145,7 +145,13 @@ def test_installed_wheel_runs_a_recipe_by_name(wheel_path, tmp_path):
     recipe, init = map(Path, done.stdout.split())
     assert recipe.is_file() and recipe.is_relative_to(target) and init.is_relative_to(target)
     assert (init.parent / "docs" / "reference" / "product.md").is_file()
-    command = [sys.executable, "-m", "trl_length_plugin.cli", "--config", "recipe:coefficient_cpu"]
+    command = [
+        sys.executable,
+        "-m",
+        "trl_length_plugin.trl_integration.cli",
+        "--config",
+        "recipe:coefficient_cpu",
+    ]
     done = subprocess.run(
         [*command, "--length_penalty_coeff", "-1"], capture_output=True, text=True, env=env, cwd=tmp_path
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trl_length_plugin.embedded import real_model
-from trl_length_plugin.recipe_smoke import log_rows, recipe_flags
+from trl_length_plugin.tools.recipe_smoke import log_rows, recipe_flags
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,8 @@ def test_recipe_flags_keep_the_algorithm_and_replace_the_rest(tmp_path):
 
 
 def test_profiled_recipes_profile_the_model_first_as_their_headers_say(tmp_path):
-    from trl_length_plugin.recipe_smoke import NEEDS_PROFILES, profile_command
     from trl_length_plugin.recipes import trl_recipes
+    from trl_length_plugin.tools.recipe_smoke import NEEDS_PROFILES, profile_command
 
     recipes = trl_recipes()
     for name, flags in NEEDS_PROFILES.items():
@@ -95,8 +95,8 @@ def test_profiled_recipes_profile_the_model_first_as_their_headers_say(tmp_path)
     ],
 )
 def test_the_last_number_check_of_gsm8k_and_the_real_task(completion, answer, score):
+    from trl_length_plugin.embedded.real_task import last_number_correctness
     from trl_length_plugin.embedded.task import last_number_score
-    from trl_length_plugin.real_task import last_number_correctness
     from trl_length_plugin.trl_integration.tasks import gsm8k_correctness
 
     assert last_number_score(completion, answer) == score
@@ -119,7 +119,7 @@ def test_recipes_train_on_the_real_model(smollm2):
     """The CI subset: group-relative scaling, LUSPO and score centering (tis, vLLM colocate) on GSM8K-format
     data, one step each; the full list runs with ``make recipe-smoke``."""
     done = subprocess.run(
-        [sys.executable, "-m", "trl_length_plugin.commands", "recipe-smoke", "group_relative", "luspo",
+        [sys.executable, "-m", "trl_length_plugin.tools.commands", "recipe-smoke", "group_relative", "luspo",
          "score_centering_tis"],
         capture_output=True, text=True, timeout=1150, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip

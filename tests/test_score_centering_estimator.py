@@ -13,8 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trl_length_plugin.score_centering import estimator
-from trl_length_plugin.score_centering.config import ScoreCenteringPlanBase
+from trl_length_plugin.score_centering import ScoreCenteringPlanBase, estimator
 from trl_length_plugin.score_centering.estimator import (
     compute_score_centering_term,
     score_centering_metrics,

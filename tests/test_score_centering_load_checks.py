@@ -44,7 +44,7 @@ from trl_length_plugin.score_centering.sampling_request import validate_score_ce
 from trl_length_plugin.trl_integration import LengthPluginGRPOTrainer  # noqa: E402
 from trl_length_plugin.trl_integration.score_centering_plan import _sampling  # noqa: E402
 from trl_length_plugin.trl_integration.vllm_topk import colocate_engine_kwargs  # noqa: E402
-from verl_adapter.score_centering_config import (  # noqa: E402
+from verl_adapter.score_centering.config import (  # noqa: E402
     check_model_vocabulary,
     prepare_config,
     resolve_settings,

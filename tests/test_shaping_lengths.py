@@ -99,3 +99,67 @@ def test_token_ids_give_the_numbers_of_the_decoded_text(tokenizer):
     assert measure_token_ids(ids, tokenizer, "chars").total.tolist() == [len(t) - 15 for t in texts[:1]] + [7]
     with pytest.raises(ValueError, match="tokenizer"):
         measure_token_ids(ids, None)
+
+
+def decoded_and_encoded_again(ids: list[list[int]], tokenizer):
+    """The text path the token-id path replaces: each completion decoded, split, each channel encoded again."""
+    return measure_lengths(
+        [tokenizer.decode(row, skip_special_tokens=True) for row in ids], "tokens", tokenizer
+    )
+
+
+@pytest.fixture(scope="module")
+def reasoning_tokenizer():
+    """The reasoning task's tokenizer (verl's end-to-end model), trained on its chats."""
+    from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
+
+    return load_tokenizer(embedded_model_dir(warm_start=True, task="reasoning"))
+
+
+def test_token_ids_split_where_a_tag_merged_with_the_text_after_it(reasoning_tokenizer):
+    """In the reasoning tokenizer ``<think>`` is two tokens whose ``>`` merges with a following word; tags
+    that open in the prompt, open without closing or repeat, and special tokens, count as their text does."""
+    tokenizer = reasoning_tokenizer
+    texts = [
+        "<think>so 9</think>9",
+        "<think>hmm, so 12</think>12",
+        "thinking already</think>Answer",
+        "Sure. <think>still thinking",
+        "Intro <think>a</think> mid <think>b</think> end",
+        "<think></think>",
+        "",
+    ]
+    ids = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in texts]
+    opening = tokenizer.encode("<think>", add_special_tokens=False)
+    assert len(opening) > 1 and ids[0][: len(opening)] != opening  # the tag's ">" merged with "so"
+    from_ids, from_text = measure_token_ids(ids, tokenizer), decoded_and_encoded_again(ids, tokenizer)
+    assert from_ids.reasoning.tolist() == from_text.reasoning.tolist()
+    assert from_ids.answer.tolist() == from_text.answer.tolist()
+
+
+def test_token_ids_count_as_the_text_on_the_warm_models_samples(reasoning_tokenizer):
+    """The verl host counts the tokens the model generated, split where the tags lie in them, nothing encoded
+    again: on 512 samples of the warm reasoning model (verl's end-to-end model) every count equals the
+    decode/re-encode path's (docs/reference/length-penalties.md §2.5)."""
+    from transformers import AutoModelForCausalLM
+
+    from trl_length_plugin.embedded import embedded_model_dir, make_reasoning_dataset
+
+    folder, tokenizer = embedded_model_dir(warm_start=True, task="reasoning"), reasoning_tokenizer
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    chats = [
+        tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        for prompt in make_reasoning_dataset(64, seed=3)["prompt"]
+    ]
+    encoded = tokenizer(chats, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(0)
+    out = model.generate(
+        **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,
+        num_return_sequences=8, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    ids = out[:, encoded["input_ids"].shape[1] :].tolist()  # with eos and padding, as verl's responses
+    from_ids, from_text = measure_token_ids(ids, tokenizer), decoded_and_encoded_again(ids, tokenizer)
+    assert from_ids.reasoning.tolist() == from_text.reasoning.tolist()
+    assert from_ids.answer.tolist() == from_text.answer.tolist()
+    assert (from_ids.reasoning > 0).float().mean() > 0.9  # the samples reason, in tags

@@ -6,6 +6,7 @@ returns is the distribution it sampled from, as vLLM's logprobs are."""
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -25,16 +26,22 @@ SHAPING = {
 CORE = ("trl_length_plugin.shaping", "trl_length_plugin.losses", "trl_length_plugin.score_centering")
 
 
-def test_the_third_host_imports_only_the_core():
-    imported = set()
+def test_the_third_host_imports_only_the_cores_public_names():
+    """Every name the host takes from the plugin is in the ``__all__`` of one of the core's three packages (no
+    submodule, no private name, no host adapter); nothing else but torch and the standard library."""
+    imported, plugin = set(), set()
     for node in ast.walk(ast.parse(HOST.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
             imported.add(node.module)
+            if node.module.startswith("trl_length_plugin"):
+                plugin.update((node.module, alias.name) for alias in node.names)
         elif isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
-    plugin = {name for name in imported if name.startswith("trl_length_plugin")}
-    assert plugin and all(name.startswith(CORE) for name in plugin), plugin
-    assert imported - plugin == {"torch", "dataclasses"}  # no trl, verl, vllm or host adapter
+    assert plugin, "the host imports nothing of the core"
+    for package, name in sorted(plugin):
+        assert package in CORE, f"{package}: not one of the core's packages {CORE}"
+        assert name in importlib.import_module(package).__all__, f"{package}.{name} is not a public name"
+    assert {name for name in imported if not name.startswith("trl_length_plugin")} == {"torch", "dataclasses"}
 
 
 def test_a_bad_key_fails_before_the_model_is_used():

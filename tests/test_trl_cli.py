@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from trl_length_plugin import __version__, cli, cli_help
+from trl_length_plugin import __version__
 from trl_length_plugin.recipes import RECIPES_DIR, trl_recipes
+from trl_length_plugin.trl_integration import cli, cli_help
 
 BIN = Path(sys.executable).parent
 MISSING_MODEL = "/nonexistent/model"  # loading it would fail with another message: proves nothing loaded
@@ -26,7 +27,7 @@ ERROR = "trl-length-grpo: error: "
 #: makes TRL, torch and transformers unimportable, then runs the command line
 BLOCKED = (
     "import sys; sys.modules.update(dict.fromkeys(['trl', 'torch', 'transformers']));"
-    "from trl_length_plugin.commands import main; main()"
+    "from trl_length_plugin.tools.commands import main; main()"
 )
 
 

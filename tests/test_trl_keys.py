@@ -25,7 +25,12 @@ from trl import GRPOConfig
 
 from trl_length_plugin.embedded import CPU_RUN_ARGS
 from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
-from trl_length_plugin.trl_keys import TRL_CHOICES, TRL_KEYS, TRL_POSITIVE_INTEGERS, check_trl_keys
+from trl_length_plugin.trl_integration.keys import (
+    TRL_CHOICES,
+    TRL_KEYS,
+    TRL_POSITIVE_INTEGERS,
+    check_trl_keys,
+)
 
 #: the TRL modules that branch on the choice keys (trainer, config, vLLM generation)
 TRL_SOURCES = ("trainer/grpo_trainer.py", "trainer/grpo_config.py", "generation/vllm_generation.py")

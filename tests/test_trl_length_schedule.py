@@ -14,10 +14,9 @@ import pytest
 
 from tests.test_trl_cli import BLOCKED, assert_one_error_line, write_recipe
 from tests.trl_length_helpers import deterministic_rollout, tiny_config
-from trl_length_plugin import cli
 from trl_length_plugin.embedded import correctness_reward, load_tokenizer, make_task_dataset
 from trl_length_plugin.shaping.schedule import STATE_FILE, coeff_at, config_at
-from trl_length_plugin.trl_integration import LengthPenaltyReward, LengthPluginGRPOTrainer
+from trl_length_plugin.trl_integration import LengthPenaltyReward, LengthPluginGRPOTrainer, cli
 
 SCHEDULE = [{"key": "length_penalty_coeff", "stages": [{"until_step": 2, "value": 0.25}]}]
 METRIC = "length_schedule/length_penalty_coeff"

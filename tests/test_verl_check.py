@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("verl")
 
 from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
-from verl_adapter.check import CheckError, recipe_overrides  # noqa: E402
+from verl_adapter.tools.check import CheckError, recipe_overrides  # noqa: E402
 
 BIN = Path(sys.executable).parent
 RECIPES = RECIPES_DIR / "verl"
@@ -115,7 +115,7 @@ def test_a_typo_in_each_recipe_is_one_line_naming_the_key(recipes_copy, name):
 
 
 def test_the_recipe_checks_itself_before_ray(recipes_copy):
-    """``bash RECIPE.sh +typo`` stops at the recipe's own first line, ``python3 -m verl_adapter.check``: exit
+    """``bash RECIPE.sh +typo`` stops at the recipe's own first line, ``python3 -m verl_adapter.tools.check``: exit
     code 2 from ``set -e`` before ``python3 -m verl.trainer.main_ppo`` (which would print ``ray init kwargs``)."""
     script = recipes_copy / "grpo_length_coeff_qwen2.5-0.5b.sh"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
@@ -231,6 +231,9 @@ def test_a_binary_or_non_utf8_script_is_one_line_naming_the_file(tmp_path, conte
         recipe_overrides(script, [])
     assert str(err.value) == f"{script}: {message}"
     done = subprocess.run(
-        [sys.executable, "-m", "verl_adapter.check", str(script)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "verl_adapter.tools.check", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 2 and done.stderr.splitlines() == [f"{PROG}{script}: {message}"], done.stderr

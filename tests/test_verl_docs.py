@@ -92,7 +92,7 @@ def test_confirmation_command_prints_what_the_page_says():
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-2:] == [
         "load errors: {}",
-        "verl_adapter.length_advantage verl_adapter.luspo",
+        "verl_adapter.length_shaping.advantage verl_adapter.luspo",
     ]
 
 
@@ -116,7 +116,7 @@ FAILED_LOAD = """
 import sys
 from pathlib import Path
 
-sys.modules["verl_adapter.length_shaping"] = None  # importing it now fails, as with a broken install
+sys.modules["verl_adapter.length_shaping.register"] = None  # importing it now fails, as with a broken install
 import verl
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -149,12 +149,12 @@ def test_a_plugin_that_failed_to_load_fails_closed():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()[-4:]
-    assert lines[0] == "['verl_adapter.length_shaping']"
+    assert lines[0] == "['verl_adapter.length_shaping.register']"
     features = ["length_penalty", "actor_rollout_ref.actor.policy_loss.loss_mode=luspo"]
     for line, feature in zip(lines[1:3], features, strict=True):
         assert line.startswith(
             f"refused: the config uses {feature} but trl-length-plugin failed to load into verl "
-            "(verl_adapter.length_shaping: ModuleNotFoundError("
+            "(verl_adapter.length_shaping.register: ModuleNotFoundError("
         ), line
     assert lines[3] == "plain config: built"
-    assert "trl-length-plugin: could not load verl_adapter.length_shaping into verl" in done.stderr
+    assert "trl-length-plugin: could not load verl_adapter.length_shaping.register into verl" in done.stderr

@@ -10,17 +10,22 @@ import torch
 import yaml
 
 from tests.verl_e2e_helpers import RECIPES, REPO, assert_trained, processes_of, smoke
-from verl_adapter.smoke import leftover_segments, run_segments
+from verl_adapter.tools.smoke import leftover_segments, run_segments
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_group_penalties_train_and_step_one_rewards_equal_the_core(tmp_path):
     """The recipe's group penalties act on real rollouts; the rewards verl trained on at step 1 are the core's
-    (``apply_length_penalties`` on the same rollouts, dumped by ``tests/verl_step_dump.py``)."""
+    (``apply_length_penalties`` on the same rollouts, dumped by ``tests/verl_step_dump.py``), whose token counts
+    equal the decode/re-encode path's."""
     from trl_length_plugin.embedded import embedded_model_dir, load_tokenizer
-    from trl_length_plugin.shaping import RolloutBatch, apply_length_penalties
-    from trl_length_plugin.shaping.lengths import measure_token_ids
+    from trl_length_plugin.shaping import (
+        RolloutBatch,
+        apply_length_penalties,
+        measure_lengths,
+        measure_token_ids,
+    )
 
     dump = tmp_path / "step1.pt"
     env = {
@@ -39,6 +44,14 @@ def test_group_penalties_train_and_step_one_rewards_equal_the_core(tmp_path):
         [t for t, m in zip(rows["responses"][i], rows["response_mask"][i], strict=True) if m] for i in real
     ]
     lengths = measure_token_ids(ids, tokenizer)
+    # the generated tokens counted without encoding anything again: the decode/re-encode path's counts
+    text = measure_lengths(
+        [tokenizer.decode(row, skip_special_tokens=True) for row in ids], "tokens", tokenizer
+    )
+    assert (lengths.reasoning.tolist(), lengths.answer.tolist()) == (
+        text.reasoning.tolist(),
+        text.answer.tolist(),
+    )
     uids = [rows["uid"][i] for i in real]
     batch = RolloutBatch(
         torch.tensor([rows["rm_scores"][i] for i in real], dtype=torch.float64),

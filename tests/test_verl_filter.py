@@ -28,7 +28,7 @@ import pytest
 
 from tests.verl_length_helpers import Rollout, clear, make_trainer, put_rollouts, read
 from trl_length_plugin.shaping import apply_length_coefficient
-from verl_adapter.length_filter import ShapedReplayBuffer
+from verl_adapter.length_shaping.filter import ShapedReplayBuffer
 
 COEFF = 1e-5
 SHAPING = [
@@ -109,7 +109,7 @@ def test_filter_off_or_shaping_off_keeps_verls_buffer():
 def test_each_group_is_shaped_once_per_step(store, tokenizer, monkeypatch):
     """The filter shapes the groups as they finish; the advantage step takes them from there: every rollout
     goes through the core once, and the advantage step's metrics cover its batch."""
-    from verl_adapter.length_rollouts import RolloutShaper
+    from verl_adapter.length_shaping.rollouts import RolloutShaper
 
     shaped_keys = []
     original = RolloutShaper.shape

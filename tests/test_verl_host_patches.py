@@ -1,4 +1,4 @@
-"""verl beside TRL 1.16, and the CPU platform's patches (``verl_adapter.host_patches``, docs/verl.md "verl beside TRL").
+"""verl beside TRL 1.16, and the CPU platform's patches (``verl_adapter.platform.patches``, docs/verl.md "verl beside TRL").
 
 verl 0.9.x's FSDP model init (``apply_monkey_patch``) imports TRL's ``AutoModelForCausalLMWithValueHead`` whenever
 TRL is installed; TRL 1.16 has no such class. Each test runs verl's own code in a fresh process of the project's
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from verl_adapter import host_patches
+from verl_adapter.platform import patches as host_patches
 
 #: verl's own model-init patching on the embedded model, as verl's FSDP engine runs it
 MODEL_INIT = (
@@ -86,7 +86,7 @@ def test_every_internal_patched_has_the_parameters_named():
 def test_the_cpu_platform_answers_what_verl_asks():
     """In a process loaded as ``trl-length verl-smoke`` loads verl's (``cpu_platform.ENV``): verl's own device
     helpers on the ``cpu`` platform, and the process-group patch applied when verl imports its module."""
-    from verl_adapter.cpu_platform import ENV
+    from verl_adapter.platform.cpu import ENV
 
     code = (
         "import torch, verl\n"

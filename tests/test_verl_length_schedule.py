@@ -21,7 +21,7 @@ pytest.importorskip("verl")
 from tests.test_verl_shaping import rollouts, run_advantage_step  # noqa: E402
 from tests.verl_length_helpers import make_trainer  # noqa: E402
 from trl_length_plugin.shaping.schedule import STATE_FILE  # noqa: E402
-from verl_adapter.length_trainer import LengthShapingMixin  # noqa: E402
+from verl_adapter.length_shaping.trainer import LengthShapingMixin  # noqa: E402
 
 SCHEDULE = "+length_schedule=[{key: length_penalty_coeff, stages: [{until_step: 3, value: 0.25}]}]"
 COEFFICIENT = [

@@ -27,9 +27,9 @@ from verl.utils.config import validate_config
 
 from tests.verl_length_helpers import compose_verl, make_trainer, recipe_overrides
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter.length_advantage import compute_length_grpo_advantage
-from verl_adapter.length_config import shaping_config
-from verl_adapter.length_filter import ShapedReplayBuffer
+from verl_adapter.length_shaping.advantage import compute_length_grpo_advantage
+from verl_adapter.length_shaping.config import shaping_config
+from verl_adapter.length_shaping.filter import ShapedReplayBuffer
 
 RECIPES = RECIPES_DIR / "verl"
 PENALTY_RECIPE = RECIPES / "grpo_length_penalty_qwen2.5-0.5b.sh"
@@ -42,7 +42,7 @@ def test_fresh_process_import_verl_registers_everything():
         "from verl.trainer.ppo.v1 import get_trainer_cls\n"
         "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
         "from verl_adapter.plugin import LOAD_ERRORS\n"
-        "from verl_adapter.length_trainer import LengthShapingMixin\n"
+        "from verl_adapter.length_shaping.trainer import LengthShapingMixin\n"
         "assert not LOAD_ERRORS, LOAD_ERRORS\n"
         "modes = ('sync', 'colocate_async', 'separate_async')\n"
         "assert all(issubclass(get_trainer_cls(m), LengthShapingMixin) for m in modes)\n"
@@ -51,7 +51,7 @@ def test_fresh_process_import_verl_registers_everything():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "verl_adapter.length_advantage"
+    assert out.stdout.strip().splitlines()[-1] == "verl_adapter.length_shaping.advantage"
 
 
 def test_penalty_recipe_composes_and_validates(tmp_path):
@@ -216,7 +216,7 @@ def test_a_changed_verl_fails_with_a_clear_message(monkeypatch):
     import verl
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-    import verl_adapter.length_shaping as length_shaping
+    import verl_adapter.length_shaping.register as length_shaping
 
     monkeypatch.setattr(verl, "__version__", "0.10.2")
     with pytest.raises(ImportError, match=r"supports verl >=0\.9\.1,<0\.10 .* found verl 0\.10\.2"):
@@ -246,13 +246,13 @@ def test_legacy_trainer_refuses_length_shaping():
 
 FAIL_CLOSED = """
 import sys
-sys.modules["verl_adapter.length_shaping"] = None  # its import fails, as a broken install would
+sys.modules["verl_adapter.length_shaping.register"] = None  # its import fails, as a broken install would
 import verl
 from hydra import compose, initialize_config_dir
 from pathlib import Path
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl_adapter.plugin import LOAD_ERRORS
-assert "verl_adapter.length_shaping" in LOAD_ERRORS
+assert "verl_adapter.length_shaping.register" in LOAD_ERRORS
 with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
     shaped = compose(config_name="ppo_trainer", overrides=sys.argv[1:])
 try:
@@ -279,4 +279,4 @@ def test_a_failed_load_fails_closed(overrides):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REFUSED the config uses" in out.stdout and "failed to load into verl" in out.stdout
-    assert "verl_adapter.length_shaping" in out.stdout
+    assert "verl_adapter.length_shaping.register" in out.stdout

@@ -31,7 +31,7 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     reference_loss,
     settings_and_actor,
 )
-from verl_adapter.score_centering_loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
+from verl_adapter.score_centering.loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
 
 TEMPERATURE = 0.7
 PROMPT_LENS, RESPONSE_LENS = [4, 3, 5], [6, 4, 3]

@@ -31,8 +31,8 @@ from trl_length_plugin.score_centering.capture import (  # noqa: E402
     extract_sampled_token_logprobs,
     extract_score_centering_samples,
 )
-from verl_adapter.score_centering_loss import SAMPLER_IDS, SAMPLER_LOGPROBS  # noqa: E402
-from verl_adapter.score_centering_rollout import ServerCall, token_aligned_heads  # noqa: E402
+from verl_adapter.score_centering.loss import SAMPLER_IDS, SAMPLER_LOGPROBS  # noqa: E402
+from verl_adapter.score_centering.rollout import ServerCall, token_aligned_heads  # noqa: E402
 
 K = 4
 TEMPERATURE = 0.7
@@ -78,7 +78,7 @@ def server(random_model_dir, vllm_for_verl):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from verl_adapter.score_centering_server import ScoreCenteringVLLMHttpServer
+    from verl_adapter.score_centering.server import ScoreCenteringVLLMHttpServer
 
     config = composed(
         [

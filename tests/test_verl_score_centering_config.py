@@ -25,7 +25,7 @@ from verl.workers.rollout.replica import RolloutReplicaRegistry  # noqa: E402
 from tests.verl_length_helpers import compose_verl, make_trainer, recipe_overrides  # noqa: E402
 from tests.verl_score_centering_helpers import MODES, composed, with_overrides  # noqa: E402
 from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
-from verl_adapter.score_centering_config import MANAGER_CLASS, resolve_settings  # noqa: E402
+from verl_adapter.score_centering.config import MANAGER_CLASS, resolve_settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = RECIPES_DIR / "verl" / "grpo_score_centering_qwen2.5-0.5b.sh"
@@ -118,7 +118,7 @@ def test_auto_and_explicit_modes_follow_verls_rollout_correction(overrides, mode
 def test_a_valid_config_registers_the_capturing_replica_and_sets_what_the_run_needs(vllm_for_verl, caplog):
     caplog.set_level(logging.INFO, logger="trl_length_plugin")
     trainer = make_trainer(with_overrides(MODES["tis"]))
-    from verl_adapter.score_centering_server import ScoreCenteringVLLMReplica
+    from verl_adapter.score_centering.server import ScoreCenteringVLLMReplica
 
     assert RolloutReplicaRegistry.get("vllm") is ScoreCenteringVLLMReplica
     rollout = trainer.config.actor_rollout_ref.rollout

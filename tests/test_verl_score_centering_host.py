@@ -1,5 +1,5 @@
 """The verl internals score centering relies on are checked when the plugin loads and fail closed with a
-clear message (verl_adapter/score_centering_host.py). Each broken host below is a stand-in: the installed
+clear message (verl_adapter/score_centering/host.py). Each broken host below is a stand-in: the installed
 verl with one internal monkeypatched (a changed signature, a method whose source no longer does what the
 plugin relies on, or a setup step that behaves otherwise when run on a stand-in runner)."""
 
@@ -14,7 +14,7 @@ from verl.trainer import main_ppo  # noqa: E402
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ  # noqa: E402
 from verl.utils import ulysses  # noqa: E402
 
-from verl_adapter.score_centering_host import check_verl_internals  # noqa: E402
+from verl_adapter.score_centering.host import check_verl_internals  # noqa: E402
 
 
 def test_the_installed_verl_passes():
@@ -59,5 +59,5 @@ def test_a_task_runner_that_ignores_the_configured_manager_fails_closed(monkeypa
     ):
         check_verl_internals()
     assert len(calls) == 1 and calls[0].actor_rollout_ref.rollout.agent.agent_loop_manager_class.endswith(
-        "score_centering_host._AgentLoopManagerProbe"
+        "score_centering.host._AgentLoopManagerProbe"
     )

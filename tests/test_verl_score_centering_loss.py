@@ -31,8 +31,8 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     settings_and_actor,
 )
 from trl_length_plugin.score_centering.estimator import METRIC_KEYS  # noqa: E402
-from verl_adapter.score_centering_config import BASE_LOSS_AGGREGATION  # noqa: E402
-from verl_adapter.score_centering_loss import (  # noqa: E402
+from verl_adapter.score_centering.config import BASE_LOSS_AGGREGATION  # noqa: E402
+from verl_adapter.score_centering.loss import (  # noqa: E402
     CLIPPED,
     CORRECTION,
     POSITIVE,

@@ -32,7 +32,7 @@ def run_worker(out_file: str) -> None:
     )
 
     from tests.verl_score_centering_helpers import MODES, make_rollouts, micro_batch, settings_and_actor
-    from verl_adapter.score_centering_loss import head_outputs
+    from verl_adapter.score_centering.loss import head_outputs
 
     dist.init_process_group("gloo")
     world = dist.get_world_size()

@@ -1,4 +1,4 @@
-"""The verl trainer mixin at run time (verl_adapter/score_centering_trainer.py; docs/reference/score-centering.md
+"""The verl trainer mixin at run time (verl_adapter/score_centering/trainer.py; docs/reference/score-centering.md
 §5.6, §5.7): ``on_init_end`` gives the actor the score-centering loss and arms ``update_actor``; each
 ``_update_actor`` carries the hook flags and the controller's k to the workers, moves the actor's
 ``score_centering/*`` metrics, steps the controller from the global counts and logs k after the step; the
@@ -24,8 +24,8 @@ pytest.importorskip("verl")
 from tests.verl_length_helpers import make_trainer  # noqa: E402
 from tests.verl_score_centering_helpers import MODES, with_overrides  # noqa: E402
 from trl_length_plugin.score_centering.controller import STATE_FILE  # noqa: E402
-from verl_adapter.score_centering_loss import ADAPTIVE_K, CLIPPED, LOSS_MODE, POSITIVE  # noqa: E402
-from verl_adapter.score_centering_trainer import ScoreCenteringMixin  # noqa: E402
+from verl_adapter.score_centering.loss import ADAPTIVE_K, CLIPPED, LOSS_MODE, POSITIVE  # noqa: E402
+from verl_adapter.score_centering.trainer import ScoreCenteringMixin  # noqa: E402
 
 CONTROLLER = [
     "+score_centering_adaptive_k_init=0.2",

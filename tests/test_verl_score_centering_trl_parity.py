@@ -34,11 +34,14 @@ from tests.verl_score_centering_helpers import (  # noqa: E402
     micro_batch,
     settings_and_actor,
 )
-from trl_length_plugin.score_centering.controller import AdaptiveClipController  # noqa: E402
-from trl_length_plugin.trl_integration import score_centering as trl_score_centering  # noqa: E402
+from trl_length_plugin.score_centering import (  # noqa: E402
+    AdaptiveClipController,
+    ScoreCenteringConfig,
+    ScoreCenteringRun,
+)
 from trl_length_plugin.trl_integration.score_centering import ScoreCenteringMixin, _CenteringStep  # noqa: E402
 from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan  # noqa: E402
-from verl_adapter.score_centering_loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
+from verl_adapter.score_centering.loss import CORRECTION, score_centering_ppo_loss  # noqa: E402
 
 V, K = 23, 4
 PROMPT_LENS, RESPONSE_LENS = [3, 2, 4, 2], [5, 1, 3, 4]
@@ -67,7 +70,7 @@ class TRLHost(ScoreCenteringMixin):
     """The trainer state ``_centering_loss`` reads, for one micro-batch on one process."""
 
     def __init__(self, plan, loss_type, topk, logps):
-        self._score_plan, self.loss_type = plan, loss_type
+        self.loss_type = loss_type
         self._centering = _CenteringStep(topk=topk, logps=logps)
         self.top_entropy_quantile, self.off_policy_mask_threshold = 1.0, None
         self.model = SimpleNamespace(training=True)
@@ -77,11 +80,10 @@ class TRLHost(ScoreCenteringMixin):
             num_processes=1, gather=lambda x: x, reduce=lambda x, reduction: x, sync_gradients=False
         )
         self._metrics = {"train": defaultdict(list)}
-        self._controller = None
+        controller = None
         if plan.mode == "adaptive-ppo-clip":
-            self._controller = AdaptiveClipController(
-                ADAPTIVE_K, target=0.1, delta=0.01, k_min=0.0, k_max=1.0
-            )
+            controller = AdaptiveClipController(ADAPTIVE_K, target=0.1, delta=0.01, k_min=0.0, k_max=1.0)
+        self._score_run = ScoreCenteringRun(ScoreCenteringConfig(), plan, controller)
 
 
 def trl_inputs(rollouts):
@@ -165,11 +167,11 @@ def test_trl_and_verl_give_the_same_correction_and_centering_term(tmp_path, mode
     trl_leaf = logits.clone().requires_grad_(True)
     topk, sampled = trainer_logprobs(trl_leaf, rollouts, inputs)
     seen = []
-    compute = trl_score_centering.score_centering_outputs
+    compute = ScoreCenteringRun.outputs
     with pytest.MonkeyPatch.context() as patch:  # records the term TRL computes (a pass-through)
         patch.setattr(
-            trl_score_centering,
-            "score_centering_outputs",
+            ScoreCenteringRun,
+            "outputs",
             lambda *a, **kw: seen.append(compute(*a, **kw)) or seen[-1],
         )
         trl_term = TRLHost(plan, AGGREGATIONS[agg], topk, sampled.detach())._centering_loss(inputs)

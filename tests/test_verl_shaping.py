@@ -289,7 +289,7 @@ def test_same_shaped_rewards_as_the_trl_integration(store, tokenizer, penalty_fi
 
 def test_multi_output_sessions_are_rejected():
     """An agent loop returning several outputs per session would need one length per session (docs/verl.md)."""
-    from verl_adapter.length_rollouts import check_single_output_sessions
+    from verl_adapter.length_shaping.rollouts import check_single_output_sessions
 
     check_single_output_sessions(["u_0_0", "u_10_0"])
     with pytest.raises(NotImplementedError, match="u_1_1"):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter import smoke, smoke_config
-from verl_adapter.check import recipe_overrides
-from verl_adapter.smoke import (
+from verl_adapter.tools import smoke, smoke_config
+from verl_adapter.tools.check import recipe_overrides
+from verl_adapter.tools.smoke import (
     cpu_overrides,
     end_session,
     first_error,
@@ -164,7 +164,7 @@ def test_a_real_model_without_local_data_trains_on_the_real_task(tmp_path):
     sampling) every group would be all-zero and verl would sample forever (seen on SmolLM2)."""
     import pandas as pd
 
-    from verl_adapter.embedded_reward import compute_score
+    from verl_adapter.tools.embedded_reward import compute_score
 
     replaced = cpu_overrides([], 2, tmp_path, tmp_path / "run", own_data=True)
     assert any("(data: the real chat model task)" in note for note in replaced.notes)
@@ -192,7 +192,7 @@ def test_verdict_needs_every_step_finite_with_the_plugins_metrics():
 def run_smoke(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "trl_length_plugin.commands", "verl-smoke", *args],
+        [sys.executable, "-m", "trl_length_plugin.tools.commands", "verl-smoke", *args],
         capture_output=True,
         text=True,
         timeout=240,

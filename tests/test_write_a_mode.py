@@ -11,8 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_length_plugin.score_centering import compute_score_centering_term, sampled_token_weights
-from trl_length_plugin.score_centering.config import load_score_centering_config, resolve_mode
+from trl_length_plugin.score_centering import (
+    compute_score_centering_term,
+    load_score_centering_config,
+    resolve_mode,
+    sampled_token_weights,
+)
 from trl_length_plugin.score_centering.modes import (
     ImportanceSampling,
     get_mode,
@@ -111,7 +115,7 @@ def test_each_host_resolves_it_by_what_it_declares(half_is):
 def test_verl_resolves_it_by_what_it_declares(half_is):
     from omegaconf import OmegaConf
 
-    from verl_adapter.score_centering_config import _host_weights
+    from verl_adapter.score_centering.config import _host_weights
 
     def verl(rollout_is):
         correction = {"rollout_is": rollout_is, "rollout_is_threshold": 2.0}
@@ -160,3 +164,23 @@ def test_declarations_that_cannot_run_are_refused_at_registration(declarations, 
     with pytest.raises(ValueError, match="'auto' is reserved"):
         register_mode(ImportanceSampling("auto", half_coefficients, half_weights))
     assert "bad" not in mode_names() and "auto" not in mode_names()
+
+
+def test_every_list_of_the_modes_in_the_docs_is_the_registrys():
+    """A line of the docs that lists the modes (it names the first and the last, `off` and `adaptive-ppo-clip`)
+    names every registered mode, in the registry's order."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    lines = [
+        line
+        for page in [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
+        for line in page.read_text().splitlines()
+        if "`off`" in line and "`adaptive-ppo-clip`" in line
+    ]
+    assert len(lines) >= 3
+    for line in lines:
+        assert [name for name in re.findall(r"`([\w-]+)`", line) if name in mode_names()] == list(
+            mode_names()
+        )

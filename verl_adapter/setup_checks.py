@@ -10,35 +10,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .length_config import shaping_config
+from trl_length_plugin.score_centering import ScoreCenteringRun
+from verl_adapter.length_shaping.config import shaping_config
+from verl_adapter.score_centering.config import (
+    check_model_vocabulary,
+    resolve_settings,
+    score_centering_config,
+)
 
 
 def check_luspo(config) -> None:
     """With ``loss_mode=luspo``, LUSPO's KL aggregation against the actor's ``loss_agg_mode``."""
-    from .luspo import check_kl_aggregation
+    from verl_adapter.luspo import check_kl_aggregation
 
     actor = config.actor_rollout_ref.actor
     if (actor.get("policy_loss") or {}).get("loss_mode") == "luspo":
         check_kl_aggregation(bool(actor.get("use_kl_loss", False)), actor.get("loss_agg_mode"))
 
 
-def score_centering_setup(config):
-    """(settings, adaptive controller) of the ``score_centering`` keys, checked: (None, None) when off; the
-    controller is None unless the mode is adaptive-ppo-clip."""
-    from trl_length_plugin.score_centering.controller import AdaptiveClipController
-
-    from .score_centering_config import check_model_vocabulary, resolve_settings, score_centering_config
-
+def score_centering_run(config) -> ScoreCenteringRun | None:
+    """The run of the ``score_centering`` keys, checked against verl's config and K against the model's
+    vocabulary (None when off)."""
     settings = resolve_settings(config)
     if settings is None:
-        return None, None
+        return None
     check_model_vocabulary(config, settings)
-    controller = None
-    if settings.uses_controller:
-        controller = AdaptiveClipController.from_config(score_centering_config(config))
-    return settings, controller
+    return ScoreCenteringRun(score_centering_config(config), settings)
 
 
 #: every check, in the order the mixins run them (each on its own in ``verl-check``, so each failing one
 #: reports)
-TASK_RUNNER_CHECKS: tuple[Callable, ...] = (check_luspo, shaping_config, score_centering_setup)
+TASK_RUNNER_CHECKS: tuple[Callable, ...] = (check_luspo, shaping_config, score_centering_run)

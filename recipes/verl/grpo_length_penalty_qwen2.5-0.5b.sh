@@ -17,7 +17,7 @@ DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # The overrides checked first, in seconds and without Ray (docs/verl.md, "Check a verl config on a laptop").
-python3 -m verl_adapter.check "${BASH_SOURCE[0]}" "$@"
+python3 -m verl_adapter.tools.check "${BASH_SOURCE[0]}" "$@"
 
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \

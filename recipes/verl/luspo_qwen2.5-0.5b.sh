@@ -18,7 +18,7 @@ MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 
 # The overrides checked first, in seconds and without Ray (docs/verl.md, "Check a verl config on a laptop").
-python3 -m verl_adapter.check "${BASH_SOURCE[0]}" "$@"
+python3 -m verl_adapter.tools.check "${BASH_SOURCE[0]}" "$@"
 
 python3 -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \

@@ -2,18 +2,16 @@
 (docs/reference/score-centering.md §5.5, §5.7, §5.8).
 
 :class:`ScoreCenteringConfig` validates the top-k count, the mode, ``force_on_policy_ratio`` and the adaptive
-controller's keys together. A host describes its importance-sampling setting in the plugin's terms
-(:class:`HostWeights`, with its key names) and :func:`resolve_mode` resolves ``auto`` and the bounds; the
-bound, clip, sampling-filter, vocabulary and engine-cap rules take the host's key names, so every error is
-the host's own one line and no host rewrites it. :class:`ScoreCenteringPlanBase` is what every host's resolved
-plan holds. Needs only pydantic (``transformers``, which every host has, to read a model's vocabulary size).
+controller's keys together. The bound, clip, sampling-filter, vocabulary and engine-cap rules take the host's
+key names, so every error is the host's own one line and no host rewrites it; ``plan.resolve_plan`` applies
+them to a host's settings in one order. Needs only pydantic (``transformers``, which every host has, to read a
+model's vocabulary size).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Annotated, Any, NoReturn
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
@@ -56,8 +54,8 @@ class ScoreCenteringConfig(BaseModel):
     )
     score_centering_importance_sampling: Mode = Field(
         "auto",
-        description="auto, or a registered mode (score_centering.modes: off | is | tis | icepop | "
-        "adaptive-ppo-clip); auto derives it from the host's importance-sampling keys (reference §5.5).",
+        description=f"auto, or a registered mode (score_centering.modes: {' | '.join(mode_names())}); auto "
+        "derives it from the host's importance-sampling keys (reference §5.5).",
     )
     force_on_policy_ratio: bool = Field(
         False, description="The sampled-token ratio uses the detached current policy (reference §5.5)."
@@ -301,132 +299,3 @@ def check_sampling_filters(settings: Mapping[str, Mapping[str, Any]]) -> None:
             error = sampling_filter_error(name, values.get(name))
             if error is not None:
                 raise ValueError(f"{prefix}{name}: {error}")
-
-
-@dataclass(frozen=True)
-class HostWeights:
-    """A host's importance-sampling setting in the plugin's terms (reference §5.5, §5.7), in the host's keys."""
-
-    derived: str
-    """The mode the host's own sampled-token weights apply: ``off``, ``tis`` or ``icepop``."""
-    carries_written: bool
-    """Whether the sampled-token weights the plugin writes (a mode's ``written``) can take the place of the host's."""
-    needs: Callable[[str], str]
-    """For a mode this setting refuses: what it needs, in the host's keys (the error's tail)."""
-    bounds: Callable[[str], tuple[float, float]]
-    """tis's or icepop's bounds from the host's keys, checked (:func:`check_is_bounds`)."""
-    clip: tuple[Any, Any, str, str]
-    """The base loss's clip ``(low, high, low_key, high_key)``: adaptive-ppo-clip's lo and hi."""
-
-
-def resolve_mode(
-    config: ScoreCenteringConfig, host: HostWeights
-) -> tuple[str, tuple[float, float] | None, float | None]:
-    """The mode (``auto``: the host's), its bounds and the outer bound (reference §5.5, §5.7), for every host;
-    a mode the host's setting cannot run is refused naming what it needs."""
-    wanted = config.score_centering_importance_sampling
-    mode = host.derived if wanted == "auto" else wanted
-    spec = get_mode(mode)
-    if mode != host.derived and not (spec.written and host.carries_written):
-        raise ValueError(f"score_centering_importance_sampling: {mode!r} {host.needs(mode)}")
-    if spec.bounds == "host":
-        return mode, host.bounds(mode), None
-    if spec.bounds == "clip":
-        return mode, *adaptive_ppo_clip_bounds(config, *host.clip)
-    return mode, None, None
-
-
-@dataclass(frozen=True)
-class ScoreCenteringPlanBase:
-    """What every host resolves (reference §5.2, §5.5, §5.7): K, the mode and its bounds (adaptive-ppo-clip:
-    (lo, hi) before the offset k), the outer bound, the detached on-policy ratio and sampler replay. Built once,
-    by :func:`resolve_plan`, after every check; a host's plan adds its own fields and :attr:`detail`, the host's
-    part of :meth:`summary`."""
-
-    top_k: int
-    mode: str
-    bounds: tuple[float, float] | None
-    outer_bound: float | None
-    force_on_policy: bool
-    replay: bool = False
-
-    @property
-    def writes_weights(self) -> bool:
-        """No host has the mode's sampled-token weights (``is``, the adaptive filter): the plugin writes them."""
-        return get_mode(self.mode).written
-
-    @property
-    def uses_controller(self) -> bool:
-        """The adaptive controller steps the mode's offset k (reference §5.7)."""
-        return get_mode(self.mode).controller
-
-    def bounds_at(self, k: float) -> tuple[float, float] | None:
-        """The bounds for this step: a controller mode's (lo, hi + k), the mode's own bounds otherwise."""
-        if not self.uses_controller:
-            return self.bounds
-        return self.bounds[0], self.bounds[1] + k
-
-    @property
-    def detail(self) -> str:
-        raise NotImplementedError
-
-    def summary(self) -> str:
-        """One line saying what runs, for the setup log."""
-        mode = self.mode
-        if self.bounds is not None:
-            offset = " + k" if self.uses_controller else ""
-            mode += f" in [{self.bounds[0]:g}, {self.bounds[1]:g}{offset}]"
-        parts = [f"K={self.top_k}", f"mode {mode}", self.detail]
-        if self.force_on_policy:
-            parts.append("on-policy ratio")
-        return "score centering: " + ", ".join(parts)
-
-
-@dataclass(frozen=True)
-class HostSettings:
-    """What score centering's plan reads of a host's settings, in the host's keys (reference §5.2, §5.5, §5.7)."""
-
-    weights: HostWeights
-    """The host's importance-sampling setting in the plugin's terms."""
-    clip: Mapping[str, Any]
-    """The base loss's clip keys as the host sets them, and the low and high key that bound it (``clip_keys``)."""
-    clip_keys: tuple[str, str]
-    engine_cap: tuple[Any, str]
-    """vLLM's ``max_logprobs`` as the host sets it (None: unset), and its key."""
-    sampling: Mapping[str, Any]
-    """``temperature``, ``top_k``, ``top_p``, ``min_p`` as the host samples, and each one's key (``sampling_keys``,
-    ``logprobs_mode`` included)."""
-    sampling_keys: Mapping[str, str]
-    logprobs_mode: str = "processed_logprobs"
-    replay_supported: bool = False
-    """Whether the host can renormalize over the sampler's kept set when a filter is on (sampler replay)."""
-    sequence_ratio: str | None = None
-    """The host setting that makes the base loss's ratio per sequence (``key: value``), or None."""
-    one_update_per_batch: str | None = None
-    """None when the host runs one optimizer update per rollout batch; else what it sets instead, in its keys."""
-
-
-def resolve_plan(config: ScoreCenteringConfig, host: HostSettings, plan: type, **host_fields: Any):
-    """The one frozen plan of a run (a ``plan`` subclass of :class:`ScoreCenteringPlanBase` with the host's
-    ``host_fields``), after every check the core makes on the host's settings, in this order: the base loss's
-    ratio is per token, its clip range, vLLM's logprob cap, the sampling settings (sampler replay), the mode and
-    its bounds, one update per rollout batch under ``force_on_policy_ratio`` (reference §5.2, §5.5, §5.7). Every
-    error is one line naming the host's key; the host makes its own checks before."""
-    from trl_length_plugin.score_centering.sampling_request import check_sampling_settings
-
-    top_k = config.score_centering_top_k
-    if host.sequence_ratio is not None:
-        refuse_sequence_ratio(host.sequence_ratio)
-    check_base_clip(config, dict(host.clip), *host.clip_keys)
-    cap, cap_key = host.engine_cap
-    check_engine_cap(cap, top_k, cap_key)
-    replay = check_sampling_settings(
-        host.sampling, top_k, host.sampling_keys, logprobs_mode=host.logprobs_mode,
-        replay_supported=host.replay_supported,
-    )  # fmt: skip
-    mode, bounds, outer = resolve_mode(config, host.weights)
-    if config.force_on_policy_ratio and host.one_update_per_batch is not None:
-        raise ValueError(
-            f"force_on_policy_ratio: needs one optimizer update per rollout batch: {host.one_update_per_batch}"
-        )
-    return plan(top_k, mode, bounds, outer, config.force_on_policy_ratio, replay, **host_fields)

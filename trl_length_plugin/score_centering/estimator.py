@@ -276,7 +276,7 @@ def score_centering_outputs(
     sampler_replay: bool,
 ) -> ScoreCenteringOutputs:
     """C and the §5.6 values of a host's micro-batch under its resolved ``plan``
-    (``config.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
+    (``plan.ScoreCenteringPlanBase``) at the controller's offset ``k`` (docs/reference/score-centering.md
     §5.1, §5.6, §5.7): the head is computed once for both. ``advantages`` (broadcast to ``token_mask``) are
     read only under adaptive-ppo-clip."""
     advantages = advantages.expand_as(token_mask) if plan.uses_controller else None
@@ -284,24 +284,3 @@ def score_centering_outputs(
     heads = _head(policy_logprobs_at_sampler_topk, sampler_topk_logprobs, token_mask, sampler_replay)
     correction = _correction(heads, plan.mode, window)
     return ScoreCenteringOutputs(correction, _token_metrics(heads.detached, correction, token_mask))
-
-
-def plan_sampled_token_weights(
-    plan,
-    k: float,
-    old_logprobs: torch.Tensor,
-    sampler_logprobs: torch.Tensor,
-    token_mask: torch.Tensor,
-    advantages: torch.Tensor,
-) -> torch.Tensor:
-    """:func:`sampled_token_weights_from_logprobs` under a host's resolved ``plan`` at the controller's offset
-    ``k``: the weights the plugin writes for ``is`` and ``adaptive-ppo-clip`` (reference §5.5, §5.7)."""
-    return sampled_token_weights_from_logprobs(
-        old_logprobs,
-        sampler_logprobs,
-        token_mask,
-        plan.mode,
-        plan.bounds_at(k),
-        advantages,
-        plan.outer_bound,
-    )

@@ -1,7 +1,8 @@
 """Framework-free length shaping (docs/reference/length-penalties.md, docs/reference/length-coefficient.md):
-the typed config, the eight group length algorithms, the length coefficient, its group normalization and
-filter, length measurement, log lines, :func:`shape_rollouts`, the one step every host runs, and
-:class:`ShapingRun`, the run object every host holds (docs/write-a-host.md).
+the typed config, the registered length terms (``terms``), the length coefficient, its group normalization
+and filter, length measurement, log lines, :func:`shape_rollouts`, the one step every host runs, and
+:class:`ShapingRun`, the run object every host holds. The names exported here are the host contract
+(docs/write-a-host.md).
 
 Needs only torch, numpy and pydantic (docs/reference/product.md §1.2). Names are exported lazily, so
 ``trl_length_plugin.shaping.config`` imports with pydantic alone (the command line validates a recipe with
@@ -10,12 +11,13 @@ it before torch is imported).
 
 from __future__ import annotations
 
-import importlib
+from trl_length_plugin._optional import lazy_exports
 
 _EXPORTS = {
     "RolloutBatch": "batch",
     "LengthCoefficientResult": "coefficient",
     "apply_length_coefficient": "coefficient",
+    "SHAPING_KEYS": "config",
     "LengthConfigError": "config",
     "LengthPenaltyConfig": "config",
     "LengthPenaltyParams": "config",
@@ -23,6 +25,7 @@ _EXPORTS = {
     "ProfileBandChannel": "config",
     "ProfileBandConfig": "config",
     "load_length_penalty_config": "config",
+    "length_limit_error": "config",
     "load_shaping_config": "config",
     "GroupLayout": "groups",
     "ChannelLengths": "lengths",
@@ -34,11 +37,14 @@ _EXPORTS = {
     "length_penalty_summary": "log",
     "log_length_coefficient": "log",
     "MetadataCache": "metadata",
+    "mean_metrics": "metrics",
     "PromptMetadata": "metadata",
     "parse_prompt_metadata": "metadata",
     "GroupNormalization": "normalization",
     "TRL_NORMALIZATION": "normalization",
     "group_advantages": "normalization",
+    "trl_normalization": "normalization",
+    "verl_normalization": "normalization",
     "nonzero_std_keep_mask": "normalization",
     "METRIC_KEYS": "penalties",
     "LengthPenaltyResult": "penalties",
@@ -61,9 +67,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

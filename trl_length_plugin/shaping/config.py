@@ -25,16 +25,17 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
-from pydantic.fields import FieldInfo
 
 from trl_length_plugin.config_base import STRICT, config_error, not_bool, read_json, read_yaml
 
 from .fields import BAND_CHANNELS, MAX_LENGTH, Count, NonNegative
-from .schedule_keys import KeySchedule, check_schedule, schedule_entries
-from .terms import idle_key_errors, on_change, switched_on, switches_reading, term_fields, terms
+from .schedule import check_schedule
+from .schedule_keys import KeySchedule, schedule_entries
+from .terms import idle_key_errors, registered_parameters, switched_on, switches_reading, terms
 
 DEFAULT_AGENT = "default"
 DEFAULT_REASONING_TAGS = ("<think>", "</think>")
@@ -58,13 +59,8 @@ class _WarnOnce:
             logging.getLogger("trl_length_plugin").warning(message, *args)
 
 
-class LengthPenaltyParams(BaseModel):
-    """The per-agent parameters: ``length_penalty.default`` and every ``agent_overrides.<agent>``.
-
-    The fields here are those every term shares; each term's own keys are added from the registry
-    (``shaping.terms``) by :func:`_assemble_parameters`, in §2.6 order. In an override only the keys it sets
-    replace ``default`` (``model_fields_set``, docs/reference/length-penalties.md §2.3).
-    """
+class SharedParams(BaseModel):
+    """The per-agent keys every term shares (docs/reference/length-penalties.md §2.1, §2.5, §2.7)."""
 
     model_config = STRICT
 
@@ -73,7 +69,17 @@ class LengthPenaltyParams(BaseModel):
     top_percentile: Annotated[float, Field(gt=0, le=1), BeforeValidator(not_bool)] = 0.5
 
 
-_SHARED_FIELDS = dict(LengthPenaltyParams.model_fields)
+#: The per-agent parameters: ``length_penalty.default`` and every ``agent_overrides.<agent>``: the shared keys,
+#: then every registered term's keys in §2.6 order, built once, when this module is imported
+#: (``terms.registered_parameters``, docs/write-a-term.md). In an override only the keys it sets replace
+#: ``default`` (``model_fields_set``, docs/reference/length-penalties.md §2.3).
+LengthPenaltyParams = create_model(
+    "LengthPenaltyParams",
+    __base__=SharedParams,
+    __module__=__name__,
+    __doc__="The per-agent parameters: the shared keys and every registered term's (docs/write-a-term.md).",
+    **registered_parameters(),
+)
 
 
 def term_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
@@ -144,6 +150,15 @@ class LengthPenaltyConfig(_WarnOnce, BaseModel):
             if errors:
                 raise ValueError(f"{path}.{errors[0]}")
         return self
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> LengthPenaltyConfig:
+        """A copy (the schedule's config of a step, §3.7): the warn-once memory stays shared, the per-agent
+        merge cache starts afresh."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._resolved = {}
+        return copy
 
     def merged_blocks(self) -> dict[str, tuple[LengthPenaltyParams, dict[str, Any]]]:
         """Each block by its key path (``default``, ``agent_overrides.<agent>``), with its keys merged onto
@@ -421,19 +436,6 @@ class LengthShapingConfig(_WarnOnce, BaseModel):
             "length_type" in o.model_fields_set and o.length_type == "tokens" for o in overrides
         )
 
-
-def _assemble_parameters() -> None:
-    """Give ``LengthPenaltyParams`` the shared fields, then every registered term's keys, and rebuild the
-    models that hold it; run at import and whenever a term is registered or removed (docs/write-a-term.md).
-    Pydantic has no public call to change a model's fields, so its field table is replaced."""
-    fields = {name: FieldInfo.from_annotated_attribute(*field) for name, field in term_fields().items()}
-    LengthPenaltyParams.__pydantic_fields__ = {**_SHARED_FIELDS, **fields}
-    for model in (LengthPenaltyParams, LengthPenaltyConfig, LengthShapingConfig):
-        model.model_rebuild(force=True)
-
-
-_assemble_parameters()
-on_change(_assemble_parameters)
 
 #: the keys of ``LengthShapingConfig``, as a user writes them
 SHAPING_KEYS = tuple(LengthShapingConfig.model_fields)

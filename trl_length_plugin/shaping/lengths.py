@@ -6,6 +6,9 @@ between the reasoning tags (the tags themselves count in neither channel); an un
 makes the rest reasoning, and a closing tag with no opening tag before it makes the text before it
 reasoning (chat templates that open the reasoning block in the prompt). Answer is the rest.
 ``tokens``: ``len(tokenizer.encode(text, add_special_tokens=False))`` per channel; ``chars``: ``len``.
+Completions given as token ids (:func:`measure_token_ids`) are counted in their own tokens, split by the same
+rule where the tags lie in the tokens' texts (:func:`split_reasoning_ids`), nothing encoded again: the counts of
+the text where the model's tokens are the tokenizer's own encoding of it.
 
 A completion that is neither a string nor a list of messages (mappings), a message ``content`` that is
 neither a string, None nor a list of parts, or text that is not valid Unicode (a lone surrogate, which no
@@ -14,6 +17,7 @@ tokenizer encodes) is a ``ValueError`` naming the completion's index.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,28 +41,37 @@ class ChannelLengths:
         return self.reasoning + self.answer
 
 
-def split_reasoning(text: str, reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS) -> tuple[str, str]:
-    """``(reasoning, answer)`` of one text."""
+def channel_spans(
+    text: str, reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
+) -> list[tuple[int, int, bool]]:
+    """The parts of one text outside the tags, in order: ``(start, end, is_reasoning)``."""
     opening, closing = reasoning_tags
-    reasoning, answer = [], []
+    spans = []
     position = 0
     first_close, first_open = text.find(closing), text.find(opening)
     if first_close != -1 and (first_open == -1 or first_close < first_open):
-        reasoning.append(text[:first_close])
+        spans.append((0, first_close, True))
         position = first_close + len(closing)
     while True:
         start = text.find(opening, position)
         if start == -1:
-            answer.append(text[position:])
-            break
-        answer.append(text[position:start])
+            spans.append((position, len(text), False))
+            return spans
+        spans.append((position, start, False))
         end = text.find(closing, start + len(opening))
         if end == -1:
-            reasoning.append(text[start + len(opening) :])
-            break
-        reasoning.append(text[start + len(opening) : end])
+            spans.append((start + len(opening), len(text), True))
+            return spans
+        spans.append((start + len(opening), end, True))
         position = end + len(closing)
-    return "".join(reasoning), "".join(answer)
+
+
+def split_reasoning(text: str, reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS) -> tuple[str, str]:
+    """``(reasoning, answer)`` of one text."""
+    spans = channel_spans(text, reasoning_tags)
+    return tuple(
+        "".join(text[a:b] for a, b, thought in spans if thought is wanted) for wanted in (True, False)
+    )
 
 
 def _content_text(content: Any) -> str:
@@ -149,17 +162,68 @@ def measure_lengths(
     return ChannelLengths(torch.tensor(reasoning, dtype=torch.long), torch.tensor(answer, dtype=torch.long))
 
 
+def split_reasoning_ids(
+    ids: Sequence[int], pieces: Mapping[int, str], reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS
+) -> tuple[int, int]:
+    """``(reasoning, answer)`` token counts of one completion's ids (special tokens already left out), split by
+    :func:`split_reasoning`'s rule: the tags are found in the tokens' own texts (``pieces``: token id -> its
+    text), and a token counts in the channel of its first character outside the tags (a token that is all tag,
+    in neither). No text is encoded again."""
+    text = "".join(pieces[token] for token in ids)
+    channel = [0] * len(text)  # 0: a tag's, 1: reasoning, 2: answer
+    for start, end, thought in channel_spans(text, reasoning_tags):
+        channel[start:end] = [1 if thought else 2] * (end - start)
+    counts, position = [0, 0, 0], 0
+    for token in ids:
+        width = len(pieces[token])
+        counts[next((c for c in channel[position : position + width] if c), 0)] += 1
+        position += width
+    return counts[1], counts[2]
+
+
+#: tokenizer -> the texts of the token ids looked up so far (a vocabulary does not change)
+_PIECES: weakref.WeakKeyDictionary[Any, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def token_pieces(tokenizer: Any, completion_ids: Sequence[Sequence[int]]) -> dict[int, str]:
+    """Each token id of ``completion_ids`` -> its own text, each id looked up once per tokenizer."""
+    pieces = _PIECES.setdefault(tokenizer, {})
+    new = sorted({token for ids in completion_ids for token in ids} - pieces.keys())
+    if new:  # (batch_decode([]) gives [""])
+        pieces.update(zip(new, tokenizer.batch_decode([[token] for token in new]), strict=True))
+    return pieces
+
+
 def measure_token_ids(
     completion_ids: Sequence[Sequence[int]] | torch.Tensor,
     tokenizer: Any,
     length_type: str | Sequence[str] = "tokens",
     reasoning_tags: tuple[str, str] = DEFAULT_REASONING_TAGS,
 ) -> ChannelLengths:
-    """Channel lengths of completions given as token ids: each is decoded (special tokens skipped, as
-    TRL decodes completions) and measured like text."""
+    """Channel lengths of completions given as token ids, special tokens left out (as TRL decodes completions):
+    in ``tokens`` the ids themselves, split at the tags (:func:`split_reasoning_ids`: nothing decoded and encoded
+    again); in ``chars`` the decoded text, measured like text."""
     if tokenizer is None:
         raise ValueError("measuring token ids needs the tokenizer that produced them")
     if isinstance(completion_ids, torch.Tensor):
         completion_ids = completion_ids.tolist()
-    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completion_ids]
-    return measure_lengths(texts, length_type, tokenizer, reasoning_tags)
+    types = [length_type] * len(completion_ids) if isinstance(length_type, str) else list(length_type)
+    if len(types) != len(completion_ids):
+        raise ValueError("length_type must be one string or one per completion")
+    special = set(tokenizer.all_special_ids)
+    generated = [[token for token in ids if token not in special] for ids in completion_ids]
+    pieces = token_pieces(
+        tokenizer, [ids for ids, unit in zip(generated, types, strict=True) if unit == "tokens"]
+    )
+    reasoning, answer = [], []
+    for ids, unit in zip(generated, types, strict=True):
+        if unit == "tokens":
+            thought, said = split_reasoning_ids(ids, pieces, reasoning_tags)
+        else:
+            text = measure_lengths(
+                [tokenizer.decode(ids, skip_special_tokens=True)], unit, None, reasoning_tags
+            )
+            thought, said = int(text.reasoning[0]), int(text.answer[0])
+        reasoning.append(thought)
+        answer.append(said)
+    return ChannelLengths(torch.tensor(reasoning, dtype=torch.long), torch.tensor(answer, dtype=torch.long))

@@ -422,9 +422,7 @@ def parse_prompt_metadata(entries: Sequence[Any]) -> PromptMetadata:
 class MetadataCache:
     """Parsed metadata by prompt key: each prompt is parsed the first time its key is seen, then looked up
     (reference §2.14). Bounded: past ``max_prompts`` keys the cache starts afresh (a host streaming prompts
-    re-parses at most once per ``max_prompts`` new prompts), and when a term with columns of its own is
-    registered or removed (the table holds the columns of the terms registered when it began). ``parsed``
-    counts the entries parsed so far."""
+    re-parses at most once per ``max_prompts`` new prompts). ``parsed`` counts the entries parsed so far."""
 
     def __init__(self, max_prompts: int = 1 << 20):
         if max_prompts < 1:
@@ -433,7 +431,6 @@ class MetadataCache:
         self.parsed = 0
         self._rows: dict[Hashable, int] = {}
         self._table = PromptMetadata.empty(0)
-        self._columns = prompt_columns()
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -443,8 +440,6 @@ class MetadataCache:
         self, keys: Sequence[Hashable], fetch: Callable[[list[Hashable]], Sequence[Any]]
     ) -> PromptMetadata:
         """The metadata of each key; ``fetch(new_keys)`` returns the entries of keys not seen before."""
-        if self._columns != prompt_columns():
-            self._rows, self._table, self._columns = {}, PromptMetadata.empty(0), prompt_columns()
         new = [key for key in dict.fromkeys(keys) if key not in self._rows]
         if len(self._rows) + len(new) > self.max_prompts:
             self._rows, self._table = {}, PromptMetadata.empty(0)

@@ -10,23 +10,25 @@ schedule ``[{until_step: W, start: 0, end: length_penalty_coeff}]``.
 :func:`config_at` gives the config of one step (every scheduled key at its value, no schedule left);
 hosts pass the optimizer step to ``shape_rollouts``, which calls it, so TRL and verl move the same keys
 the same way; :func:`coeff_at` is the coefficient of one step. The config validates the entries when it is
-loaded (``schedule_keys.check_schedule``), and with it the configuration of every stage
-(:func:`check_stage_configs`).
+loaded (:func:`check_schedule`), and with them the configuration of every stage (:func:`check_stage_configs`),
+by its own class: this module builds on the config's types without importing the config.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from trl_length_plugin.config_base import config_error, unwrapped
 
-from .config import LengthPenaltyConfig, LengthShapingConfig
 from .schedule_keys import WARMUP_KEY, KeySchedule, ScheduleStage, scheduled_leaf
 from .terms import terms
+
+if TYPE_CHECKING:
+    from .config import LengthShapingConfig
 
 #: the checkpoint file that records the schedule and its values at the saved step
 STATE_FILE = "length_schedule_state.json"
@@ -114,26 +116,59 @@ def _stages_at(config: LengthShapingConfig, step: int) -> str:
     return ", ".join(names)
 
 
+def check_schedule(config: LengthShapingConfig) -> None:
+    """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
+    a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
+    accepts, ramps only on float keys, each key once and not both scheduled and warmed up; then the
+    configuration of every stage, by the base configuration's rules (``schedule.check_stage_configs``)."""
+    seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
+    for index, schedule in enumerate(config.length_schedule):
+        prefix = f"length_schedule.{index}.key: {schedule.key}"
+        if schedule.key in seen:
+            also = " and by length_penalty_coeff_warmup_steps" if schedule.key == WARMUP_KEY else " twice"
+            raise ValueError(f"{prefix}: scheduled{also}; set one schedule per key")
+        seen.add(schedule.key)
+        try:
+            owner, name = scheduled_leaf(config, schedule.key)
+        except ValueError as err:
+            raise ValueError(f"length_schedule.{index}.key: {err}") from None
+        if not getattr(owner, name):
+            raise ValueError(
+                f"{prefix}: is 0 (off) in the config; set it to the value the key keeps after the last stage"
+            )
+        field = type(owner).model_fields[name]
+        adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
+        for number, stage in enumerate(schedule.stages):
+            if stage.value is None and unwrapped(field.annotation) is int:
+                raise ValueError(
+                    f"length_schedule.{index}.stages.{number}: {schedule.key} is an integer key; give a value, "
+                    "not a ramp"
+                )
+            for value in (stage.value, stage.start, stage.end):
+                if value is None:
+                    continue
+                try:
+                    adapter.validate_python(value)
+                except ValidationError as err:
+                    problem = err.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ValueError(
+                        f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
+                    ) from None
+    check_stage_configs(config)
+
+
 def check_stage_configs(config: LengthShapingConfig) -> None:
     """Refuse a schedule that reaches a configuration the loader would refuse as a base configuration
     (``ValueError``, one line naming the stage, the step and the key): each step of :func:`stage_steps` is
     checked by the base configuration's own rules (§3.7)."""
     for step in stage_steps(config):
         try:
-            LengthShapingConfig.model_validate(stage_config_values(config, step))
+            type(config).model_validate(stage_config_values(config, step))
         except ValidationError as err:
-            problem = config_error(err, model=LengthShapingConfig)
+            problem = config_error(err, model=type(config))
             raise ValueError(
                 f"{_stages_at(config, step)}: the config of step {step} is refused: {problem}"
             ) from None
-
-
-def _copy(model: BaseModel, update: dict[str, Any]) -> BaseModel:
-    """``model`` with ``update``; warn-once memory stays shared, the per-agent merge cache starts afresh."""
-    copy = model.model_copy(update=update)
-    if isinstance(copy, LengthPenaltyConfig):
-        copy._resolved = {}
-    return copy
 
 
 def _with_value(node: Any, parts: list[str], value: float) -> Any:
@@ -142,8 +177,8 @@ def _with_value(node: Any, parts: list[str], value: float) -> Any:
         return {**node, head: _with_value(node[head], rest, value)}
     if not rest:
         kind = unwrapped(type(node).model_fields[head].annotation)
-        return _copy(node, {head: int(value) if kind is int else float(value)})
-    return _copy(node, {head: _with_value(getattr(node, head), rest, value)})
+        return node.model_copy(update={head: int(value) if kind is int else float(value)})
+    return node.model_copy(update={head: _with_value(getattr(node, head), rest, value)})
 
 
 def config_at(config: LengthShapingConfig, step: int) -> LengthShapingConfig:
@@ -156,7 +191,7 @@ def config_at(config: LengthShapingConfig, step: int) -> LengthShapingConfig:
     stepped: Any = config
     for key, value in values.items():
         stepped = _with_value(stepped, key.split("."), value)
-    return _copy(stepped, {"length_schedule": (), "length_penalty_coeff_warmup_steps": 0})
+    return stepped.model_copy(update={"length_schedule": (), "length_penalty_coeff_warmup_steps": 0})
 
 
 def coeff_at(config: LengthShapingConfig, step: int) -> float:

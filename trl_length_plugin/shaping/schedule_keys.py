@@ -1,6 +1,6 @@
-"""The ``length_schedule`` entries and their checks against the config that holds them
-(docs/reference/length-coefficient.md §3.7): where an entry may come from (a list, a JSON array, a YAML file),
-its stages, the key path it moves, and the rules a schedule keeps; ``schedule.py`` moves the keys.
+"""The ``length_schedule`` entries (docs/reference/length-coefficient.md §3.7): where an entry may come from (a
+list, a JSON array, a YAML file), its stages and the key path it moves; ``schedule.py`` checks them against the
+config that holds them and moves the keys.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from trl_length_plugin.config_base import STRICT, did_you_mean, not_bool, read_json, read_yaml, unwrapped
 
@@ -103,46 +103,3 @@ def scheduled_leaf(config: LengthShapingConfig, key: str) -> tuple[BaseModel, st
     if kind not in (int, float):
         raise ValueError(f"{key}: not a numeric key (a schedule moves numbers)")
     return node, name
-
-
-def check_schedule(config: LengthShapingConfig) -> None:
-    """Validate each ``length_schedule`` entry against ``config`` (``ValueError``, one line naming the key):
-    a numeric key the config sets to a non-zero value (the value after the last stage), stage values the key
-    accepts, ramps only on float keys, each key once and not both scheduled and warmed up; then the
-    configuration of every stage, by the base configuration's rules (``schedule.check_stage_configs``)."""
-    seen = {WARMUP_KEY} if config.length_penalty_coeff_warmup_steps else set()
-    for index, schedule in enumerate(config.length_schedule):
-        prefix = f"length_schedule.{index}.key: {schedule.key}"
-        if schedule.key in seen:
-            also = " and by length_penalty_coeff_warmup_steps" if schedule.key == WARMUP_KEY else " twice"
-            raise ValueError(f"{prefix}: scheduled{also}; set one schedule per key")
-        seen.add(schedule.key)
-        try:
-            owner, name = scheduled_leaf(config, schedule.key)
-        except ValueError as err:
-            raise ValueError(f"length_schedule.{index}.key: {err}") from None
-        if not getattr(owner, name):
-            raise ValueError(
-                f"{prefix}: is 0 (off) in the config; set it to the value the key keeps after the last stage"
-            )
-        field = type(owner).model_fields[name]
-        adapter = TypeAdapter(Annotated[(field.annotation, *field.metadata)])
-        for number, stage in enumerate(schedule.stages):
-            if stage.value is None and unwrapped(field.annotation) is int:
-                raise ValueError(
-                    f"length_schedule.{index}.stages.{number}: {schedule.key} is an integer key; give a value, "
-                    "not a ramp"
-                )
-            for value in (stage.value, stage.start, stage.end):
-                if value is None:
-                    continue
-                try:
-                    adapter.validate_python(value)
-                except ValidationError as err:
-                    problem = err.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ValueError(
-                        f"length_schedule.{index}.stages.{number}: {value!r} for {schedule.key}: {problem}"
-                    ) from None
-    from .schedule import check_stage_configs  # the schedule module builds on this one
-
-    check_stage_configs(config)

@@ -1,21 +1,23 @@
-"""The TRL 1.16 integration: config, trainer, reward wrapper and callback (docs/reference/length-penalties.md §2-4).
+"""The TRL 1.16 integration: config, trainer, reward wrapper and callback (docs/reference/length-penalties.md
+§2-4), and TRL's command line ``trl-length-grpo`` (``cli``, ``cli_help``, ``keys``: the TRL keys the plugin
+checks).
 
-Importing this package needs TRL (``pip install 'trl-length-plugin[trl]'``); the core does not.
+The trainer's names need TRL (``pip install 'trl-length-plugin[trl]'``); they are exported lazily, so the
+command line checks a recipe (pydantic only) before TRL is imported, and a missing TRL is one error naming the
+extra. The core does not need TRL.
 """
 
-from trl_length_plugin._optional import require
+from __future__ import annotations
 
-require("trl", "trl")
+from trl_length_plugin._optional import lazy_exports, require
 
-from trl_length_plugin.trl_integration.callback import LengthPluginCallback, linear_warmup  # noqa: E402
-from trl_length_plugin.trl_integration.config import LengthPluginGRPOConfig  # noqa: E402
-from trl_length_plugin.trl_integration.reward_wrapper import LengthPenaltyReward  # noqa: E402
-from trl_length_plugin.trl_integration.trainer import LengthPluginGRPOTrainer  # noqa: E402
+_EXPORTS = {
+    "LengthPenaltyReward": "reward_wrapper",
+    "LengthPluginCallback": "callback",
+    "LengthPluginGRPOConfig": "config",
+    "LengthPluginGRPOTrainer": "trainer",
+    "linear_warmup": "callback",
+}
 
-__all__ = [
-    "LengthPenaltyReward",
-    "LengthPluginCallback",
-    "LengthPluginGRPOConfig",
-    "LengthPluginGRPOTrainer",
-    "linear_warmup",
-]
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS, lambda: require("trl", "trl"))

@@ -105,7 +105,7 @@ class LengthPluginCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if not self.curves_png or not state.is_world_process_zero:
             return
-        from trl_length_plugin.plotting import plot_training_curves
+        from trl_length_plugin.trl_integration.plotting import plot_training_curves
 
         path = (
             self.curves_png

@@ -18,8 +18,8 @@ from trl import GRPOConfig
 
 from trl_length_plugin.config_base import read_json
 from trl_length_plugin.plugin_keys import field_default, with_plugin_keys
-from trl_length_plugin.score_centering.config import SCORE_CENTERING_KEYS, load_score_centering_config
-from trl_length_plugin.shaping.config import (
+from trl_length_plugin.score_centering import SCORE_CENTERING_KEYS, load_score_centering_config
+from trl_length_plugin.shaping import (
     SHAPING_KEYS,
     LengthConfigError,
     LengthPenaltyConfig,
@@ -27,8 +27,8 @@ from trl_length_plugin.shaping.config import (
     length_limit_error,
     load_shaping_config,
 )
+from trl_length_plugin.trl_integration.keys import TRL_KEYS, check_trl_keys
 from trl_length_plugin.trl_integration.score_centering_plan import resolve_plan
-from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
 

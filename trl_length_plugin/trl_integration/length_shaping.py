@@ -29,9 +29,7 @@ from dataclasses import dataclass
 import torch
 from trl.trainer.utils import get_callable_name
 
-from trl_length_plugin.shaping import LengthShapingConfig, ShapingResult
-from trl_length_plugin.shaping.normalization import trl_normalization
-from trl_length_plugin.shaping.run import ShapingRun
+from trl_length_plugin.shaping import LengthShapingConfig, ShapingResult, ShapingRun, trl_normalization
 from trl_length_plugin.trl_integration import _host
 from trl_length_plugin.trl_integration.callback import check_schedule_name
 from trl_length_plugin.trl_integration.config import SEQUENCE_MEAN_LOSSES, LengthPluginGRPOConfig

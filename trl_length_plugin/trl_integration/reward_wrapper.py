@@ -42,11 +42,16 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import gather
 
-from trl_length_plugin.shaping import LengthPenaltyConfig, LengthShapingConfig
+from trl_length_plugin.shaping import (
+    LengthConfigError,
+    LengthPenaltyConfig,
+    LengthShapingConfig,
+    ShapingRun,
+    load_shaping_config,
+)
 from trl_length_plugin.shaping.columns import AGENT_COLUMN
-from trl_length_plugin.shaping.config import LengthConfigError, load_shaping_config
-from trl_length_plugin.shaping.run import ShapingRun
 from trl_length_plugin.trl_integration.callback import check_schedule_name
+from trl_length_plugin.trl_integration.keys import TRL_KEYS, check_trl_keys
 from trl_length_plugin.trl_integration.model_card import LengthCardCallback, wrapper_card
 from trl_length_plugin.trl_integration.rollouts import (
     LocalRollouts,
@@ -56,7 +61,6 @@ from trl_length_plugin.trl_integration.rollouts import (
     nested_metadata_warning,
     truncated_flags,
 )
-from trl_length_plugin.trl_keys import TRL_KEYS, check_trl_keys
 
 logger = logging.getLogger("trl_length_plugin")
 

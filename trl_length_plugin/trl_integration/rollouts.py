@@ -21,11 +21,19 @@ from typing import Any
 import torch
 from accelerate.utils import gather, gather_object
 
-from trl_length_plugin.shaping import GroupLayout, LengthShapingConfig, RolloutBatch, measure_lengths
+from trl_length_plugin.shaping import (
+    GroupLayout,
+    LengthShapingConfig,
+    MetadataCache,
+    PromptMetadata,
+    RolloutBatch,
+    entry_key,
+    measure_lengths,
+    metadata_entries,
+    truncated_rows,
+)
 from trl_length_plugin.shaping.columns import PROFILE_BAND
 from trl_length_plugin.shaping.config import BAND_CHANNELS
-from trl_length_plugin.shaping.metadata import MetadataCache, PromptMetadata
-from trl_length_plugin.shaping.rows import entry_key, metadata_entries, truncated_rows
 from trl_length_plugin.shaping.terms import metadata_columns, metadata_keys, prompt_columns
 
 logger = logging.getLogger("trl_length_plugin")

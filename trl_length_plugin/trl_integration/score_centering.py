@@ -1,7 +1,7 @@
 """Score centering in TRL's ``GRPOTrainer`` (docs/reference/score-centering.md §5).
 
-:class:`ScoreCenteringMixin` is the trainer side, in front of ``GRPOTrainer``; it runs the plan
-``score_centering_plan.resolve_plan`` resolved from the config at load time:
+:class:`ScoreCenteringMixin` is the trainer side, in front of ``GRPOTrainer``; it holds the core's
+``ScoreCenteringRun`` of the plan ``score_centering_plan.resolve_plan`` resolved from the config at load time:
 
 1. generation (``_generate``): the sampler's heads (``vllm_topk.TopkCapture``) padded to ``[B, T, K]``; TRL's
    sampled-token logprob is picked by id; under replay TRL's old-logprob pass is kept-set normalized too;
@@ -10,9 +10,8 @@
 3. ``_compute_loss``: for ``is`` and ``adaptive-ppo-clip`` the sampled-token importance weights of the mode
    replace TRL's (from the batch's final advantages); the trainer's logprobs at the K ids come from the
    loss's own forward (``topk_head``); ``A * C`` is masked and normalized like the base loss
-   (``loss_aggregation.aggregate``); C and the metrics of §5.6 from one head computation
-   (``score_centering_outputs``); the adaptive controller's counts, its step at each optimizer step, its
-   state in checkpoints.
+   (``loss_aggregation.aggregate``); C and the metrics of §5.6 from one head computation (the run's
+   ``outputs``); the adaptive controller's counts, its step at each optimizer step, its state in checkpoints.
 
 Every rule lives in the core (``trl_length_plugin.score_centering``); this module translates TRL's keys,
 batch and hooks.
@@ -26,14 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trl_length_plugin.score_centering.config import check_model_vocabulary
-from trl_length_plugin.score_centering.controller import AdaptiveClipController
-from trl_length_plugin.score_centering.estimator import (
-    batch_means,
-    plan_sampled_token_weights,
-    score_centering_outputs,
-)
-from trl_length_plugin.shaping.settings import score_centering_settings_line
+from trl_length_plugin.score_centering import ScoreCenteringRun
 from trl_length_plugin.trl_integration import _host, vllm_topk
 from trl_length_plugin.trl_integration.loss_aggregation import aggregate
 from trl_length_plugin.trl_integration.score_centering_plan import ScoreCenteringPlan
@@ -63,18 +55,23 @@ class _CenteringStep:
 
 
 class ScoreCenteringMixin:
-    """The trainer side of score centering; in front of ``GRPOTrainer`` in the MRO. ``_score_plan`` is the
-    resolved plan (None: every hook passes through); ``_centering`` its per-step record."""
+    """The trainer side of score centering; in front of ``GRPOTrainer`` in the MRO. ``_score_run`` is the
+    core's run of the resolved plan (None: every hook passes through); ``_centering`` its per-step record."""
 
-    _score_plan: ScoreCenteringPlan | None = None
-    _controller: AdaptiveClipController | None = None
+    _score_run: ScoreCenteringRun | None = None
+
+    @property
+    def _score_plan(self) -> ScoreCenteringPlan | None:
+        """The run's resolved plan (None without score centering)."""
+        return self._score_run.plan if self._score_run is not None else None
 
     # -- setup --------------------------------------------------------------------------------------------
     def _check_score_centering_inputs(self, model, args, kwargs: dict) -> None:
-        """Before the model loads: the resolved plan, and what the trainer's arguments and the model's config
-        decide."""
-        self._score_plan = args.score_centering_plan
-        if self._score_plan is None:
+        """Before the model loads: the run of the resolved plan, and what the trainer's arguments and the
+        model's config decide."""
+        plan = args.score_centering_plan
+        self._score_run = None if plan is None else ScoreCenteringRun(args.score_centering_config, plan)
+        if self._score_run is None:
             return
         for name in ("tools", "environment_factory", "rollout_func"):
             if kwargs.get(name) is not None:
@@ -83,10 +80,10 @@ class ScoreCenteringMixin:
                 )
         init_kwargs = args.model_init_kwargs if isinstance(args.model_init_kwargs, dict) else {}
         options = {key: init_kwargs[key] for key in ("revision", "trust_remote_code") if key in init_kwargs}
-        check_model_vocabulary(self._score_plan.top_k, model, **options)
+        self._score_run.check_vocabulary(model, **options)
 
     def _install_score_centering(self) -> None:
-        """After ``GRPOTrainer.__init__``: capture, the top-k head, the server check, the controller."""
+        """After ``GRPOTrainer.__init__``: capture, the top-k head, the server check, the settings line."""
         if self._score_plan is None:
             return
         from accelerate.utils import broadcast_object_list, is_peft_model
@@ -126,11 +123,7 @@ class ScoreCenteringMixin:
         self._capture = vllm_topk.TopkCapture(generation, plan.top_k)
         self._centering = _CenteringStep()
         install_topk_head(target, lambda: self._centering.armed)
-        self._controller = None
-        if plan.uses_controller:
-            self._controller = AdaptiveClipController.from_config(self.args.score_centering_config)
-        summary = f"{plan.summary()} (vLLM {generation.mode})"
-        logger.info("%s", score_centering_settings_line(self.args.score_centering_config, summary))
+        self._score_run.announce(f" (vLLM {generation.mode})")
 
     # -- generation ---------------------------------------------------------------------------------------
     def _generate(self, prompts):
@@ -173,18 +166,11 @@ class ScoreCenteringMixin:
         output["sampler_topk_ids"], output["sampler_topk_logprobs"] = ids, logprobs
         return output
 
-    @property
-    def _adaptive_k(self) -> float:
-        """The controller's current offset k (0 without the adaptive-ppo-clip controller)."""
-        return self._controller.k if self._controller is not None else 0.0
-
     def _sampled_token_weights(self, inputs: dict) -> torch.Tensor:
         """The sampled-token weights of ``is`` / ``adaptive-ppo-clip`` from TRL's old and sampler logprobs (the
         ratio TRL computes, before its own truncation)."""
         advantages = inputs["advantages"]
-        return plan_sampled_token_weights(
-            self._score_plan,
-            self._adaptive_k,
+        return self._score_run.sampled_token_weights(
             inputs["old_per_token_logps"],
             inputs["sampling_per_token_logps"],
             inputs["completion_mask"] * inputs.get("tool_mask", 1),
@@ -236,18 +222,14 @@ class ScoreCenteringMixin:
 
     def _centering_loss(self, inputs) -> torch.Tensor:
         """``A * C`` of this micro-batch with the base loss's masks and normalization; logs the metrics."""
-        plan = self._score_plan
         mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-        outputs = score_centering_outputs(
-            plan,
-            self._adaptive_k,
+        outputs = self._score_run.outputs(
             self._centering.topk,
             sampler_topk_logprobs=inputs["sampler_topk_logprobs"],
             token_mask=mask.bool(),
             advantages=advantages,
-            sampler_replay=plan.replay,
         )
         per_token = advantages * outputs.correction * self._sample_masks(inputs, mask, advantages)
         training = self.model.training
@@ -283,29 +265,26 @@ class ScoreCenteringMixin:
         return masks
 
     def _log_score_centering(self, inputs, token_metrics, mask, advantages, training: bool) -> None:
-        mode = "train" if training else "eval"
-        for key, value in batch_means(token_metrics, mask).items():
+        mode, run = "train" if training else "eval", self._score_run
+        for key, value in run.metrics(token_metrics, mask).items():
             self._metrics[mode][key].append(self.accelerator.gather(value).nanmean().item())
-        if self._controller is None or not training:
+        if run.controller is None or not training:
             return
-        upper = self._score_plan.bounds_at(self._adaptive_k)[1]
-        counts = self._controller.counts_from_logprobs(
-            self._centering.logps, inputs["sampling_per_token_logps"], advantages, mask, upper
-        )
-        self._controller.accumulate(self.accelerator.reduce(counts, reduction="sum"))
+        counts = run.clip_counts(self._centering.logps, inputs["sampling_per_token_logps"], advantages, mask)
+        run.accumulate(self.accelerator.reduce(counts, reduction="sum"))
         if (
             self.accelerator.sync_gradients
         ):  # the step's last micro-batch: one controller step per optimizer step
-            for key, value in self._controller.step_metrics().items():
+            for key, value in run.step_metrics().items():
                 self._metrics[mode][key].append(value)
 
     # -- checkpoints ----------------------------------------------------------------------------------------
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self._controller is not None and self.args.should_save:
-            self._controller.save(_host.checkpoint_folder(self, trial))
+        if self._score_run is not None and self.args.should_save:
+            self._score_run.save(_host.checkpoint_folder(self, trial))
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if self._controller is not None and checkpoint is not None:
-            self._controller.restore(checkpoint)
+        if self._score_run is not None and checkpoint is not None:
+            self._score_run.resume(checkpoint)

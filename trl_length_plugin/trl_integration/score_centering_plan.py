@@ -14,16 +14,16 @@ import difflib
 import math
 from dataclasses import dataclass
 
-from trl_length_plugin.score_centering.config import (
+from trl_length_plugin.score_centering import (
     SAMPLING_FILTER_RULES,
     HostSettings,
     HostWeights,
     ScoreCenteringPlanBase,
     check_is_bounds,
     check_sampling_filters,
+    get_mode,
 )
-from trl_length_plugin.score_centering.config import resolve_plan as core_resolve_plan
-from trl_length_plugin.score_centering.modes import get_mode
+from trl_length_plugin.score_centering import resolve_plan as core_resolve_plan
 
 TOKEN_MODES = {"token_truncate": "tis", "token_mask": "icepop"}
 SEQUENCE_MODES = ("sequence_mask", "sequence_truncate")

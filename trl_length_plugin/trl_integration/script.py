@@ -1,4 +1,4 @@
-"""The TRL side of ``trl-length-grpo`` (``trl_length_plugin.cli``): the script arguments, TRL's parser with
+"""The TRL side of ``trl-length-grpo`` (``trl_length_plugin.trl_integration.cli``): the script arguments, TRL's parser with
 the plugin's config, and the trainer built from what they hold, like ``trl grpo``'s script.
 
 Every user error here is a ``ValueError``; the command line turns it into one line.

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trl_length_plugin.score_centering.topk_logprobs import policy_logprobs_at_sampler_topk
+from trl_length_plugin.score_centering import policy_logprobs_at_sampler_topk
 
 #: the names TRL's fused forward closes over that the top-k head reads
 HEAD_SETTINGS = (

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
-from trl_length_plugin.score_centering.capture import (
+from trl_length_plugin.score_centering import (
     ScoreCenteringCaptureError,
+    engine_logprob_cap,
     extract_flat_score_centering_samples,
     extract_listed_score_centering_samples,
     extract_sampled_token_logprobs,
 )
-from trl_length_plugin.score_centering.config import engine_logprob_cap
 
 
 @contextmanager

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import operator
 import pkgutil
 from collections.abc import Callable, Mapping, Sequence
@@ -206,10 +207,12 @@ class Term:
         return functools.reduce(operator.or_, (view.p(name) != 0 for name in self.switches))
 
 
+#: the entry-point group through which an installed package registers its terms (docs/write-a-term.md)
+ENTRY_POINT_GROUP = "trl_length_plugin.terms"
 _REGISTRY: dict[str, Term] = {}
 _ORDERED: list[Term] = []  # the registry in §2.6 order
 _KEYS: dict[str, Parameter] = {}  # every term's keys
-_LISTENERS: list[Callable[[], None]] = []
+_open = True  # registration is open until the config builds its parameter model
 
 
 def register_term(
@@ -250,43 +253,44 @@ def register_term(
                 f"length term {name!r}: its columns {named} must be new dataset column names (not a host's), "
                 "each at least one number wide"
             )
+        if not _open:
+            raise ValueError(
+                f"length term {name!r}: registered after the length-shaping config was built; register it "
+                f"before (a module of the {ENTRY_POINT_GROUP!r} entry-point group, or one imported before "
+                "trl_length_plugin.shaping.config; docs/write-a-term.md)"
+            )
         declared = (metadata, prepare, metrics, check, turned_on, record, tuple(columns))
         _REGISTRY[name] = Term(
             name, kind, order, dict(parameters), switches, outputs or (name,), compute, *declared
         )
-        _changed()
+        _ORDERED[:] = sorted(_REGISTRY.values(), key=lambda t: (KINDS.index(t.kind), t.order))
+        _KEYS.update(parameters)
         return compute
 
     return register
 
 
-def unregister_term(name: str) -> None:
-    """Remove a registered term (its keys leave ``LengthPenaltyParams``)."""
-    del _REGISTRY[name]
-    _changed()
-
-
-def on_change(listener: Callable[[], None]) -> None:
-    """Call ``listener`` whenever a term is registered or removed (the config rebuilds its model)."""
-    _LISTENERS.append(listener)
-
-
-def _changed() -> None:
-    _ORDERED[:] = sorted(_REGISTRY.values(), key=lambda t: (KINDS.index(t.kind), t.order))
-    _KEYS.clear()
-    _KEYS.update((key, p) for term in _ORDERED for key, p in term.parameters.items())
-    for listener in _LISTENERS:
-        listener()
+def registered_parameters() -> dict[str, tuple[Any, FieldInfo]]:
+    """Close registration and give every term's keys as pydantic field definitions, terms in §2.6 order:
+    the package's own terms, then those of installed packages (the modules their ``ENTRY_POINT_GROUP``
+    entry points name, imported here). The config calls it once, to build ``LengthPenaltyParams``; a term
+    registered after that is refused (docs/write-a-term.md)."""
+    global _open
+    if _open:
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                entry.load()
+            except Exception as err:
+                raise ImportError(
+                    f"{ENTRY_POINT_GROUP} entry point {entry.name!r} ({entry.value}) failed to load: {err!r}"
+                ) from err
+        _open = False
+    return {key: p.field() for term in _ORDERED for key, p in term.parameters.items()}
 
 
 def terms(*kinds: Kind) -> list[Term]:
     """The registered terms of these kinds (default: all), in §2.6 order."""
     return [term for term in _ORDERED if not kinds or term.kind in kinds]
-
-
-def term_fields() -> dict[str, tuple[Any, FieldInfo]]:
-    """Every term's keys as pydantic field definitions, terms in §2.6 order."""
-    return {key: p.field() for key, p in _KEYS.items()}
 
 
 def key_choices(name: str) -> tuple[str, ...]:
