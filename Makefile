@@ -6,7 +6,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRL_LENGTH_PLUGIN_CACHE ?= $(CURDIR)/.cache/models
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
-.PHONY: setup demo test lint bench recipe-smoke
+.PHONY: setup demo test lint bench recipe-smoke trl-compat
 
 setup:
 	@bash scripts/setup.sh
@@ -26,3 +26,8 @@ bench: setup
 
 recipe-smoke: setup
 	OMP_NUM_THREADS=2 $(PY) -m trl_length_plugin.tools.commands recipe-smoke
+
+# Not CI: the TRL test subset in one .venv-trl-X.Y per TRL release, the pinned set with only trl swapped
+# (docs/trl.md, "Supported TRL versions"); TRL_VERSIONS="1.14.2 1.15.0 1.16.0" by default.
+trl-compat:
+	bash scripts/trl_compat.sh

@@ -270,7 +270,7 @@ def reference_penalties(
                     target_rows["errors"].append(error)
                     target_rows["within"].append(error <= p["target_length_tolerance"])
         pos = [k for k in range(n) if r[k] > 0]
-        correct = list(r)  # positive means the correctness; the group terms read the rollout reward
+        correct = list(r)  # positive and the top scorers are the correctness; the group terms add to r
         rollout_on = bool(
             p["cosine_max_length"]
             or p["overlong_max_length"]
@@ -305,10 +305,10 @@ def reference_penalties(
         terms = defaultdict(lambda n=n: [0.0] * n)
 
         if len(pos) >= 2:
-            ranked = sorted((r[k] for k in pos), reverse=True)
+            ranked = sorted((correct[k] for k in pos), reverse=True)
             top_threshold = ranked[max(0, int(len(pos) * p["top_percentile"]) - 1)]
-            top = [k for k in pos if r[k] >= top_threshold]
-            running = list(r)
+            top = [k for k in pos if correct[k] >= top_threshold]
+            running = list(correct)
             for channel in CHANNELS:  # shortest bonus (§2.7)
                 bonus = p[f"{channel}_bonus"]
                 candidates = [k for k in pos if lengths[channel][k] > 0]
@@ -497,12 +497,17 @@ def reference_advantages(
     return advantages
 
 
-def reference_keep(shaped, raw, group_index):
+def reference_keep(shaped, raw, group_index, unshaped=None):
+    """Reference §3.3: a group with no correct row is judged on ``unshaped`` (default ``raw``)."""
+    unshaped = raw if unshaped is None else unshaped
     keep = [False] * len(shaped)
     for rows in groups_in_order(group_index).values():
         values = [shaped[i] for i in rows if not math.isnan(shaped[i])]
         if all(raw[i] == 1.0 for i in rows):
             kept = bool(values) and max(values) - min(values) > 1e-6
+        elif not any(raw[i] > 0 for i in rows):
+            plain = [unshaped[i] for i in rows if not math.isnan(unshaped[i])]
+            kept = bool(plain) and max(plain) != min(plain)
         else:
             kept = bool(values) and max(values) != min(values)
         for i in rows:

@@ -273,3 +273,103 @@ def wild_metadata_entry(draw):
     if draw(st.booleans()):
         entry["profile_band"] = draw(_band)
     return entry
+
+
+@st.composite
+def rollout_params(draw, scale=60):
+    """The per-rollout terms' keys (reference §2.17-2.20) for one block: each term on or off, its keys
+    within what the loader accepts."""
+    block = {}
+    if draw(st.booleans()):
+        longest = draw(st.integers(1, scale))
+        block |= {"overlong_max_length": longest, "overlong_buffer": draw(st.integers(1, longest)),
+                  "overlong_factor": draw(st.sampled_from([0.5, 1.0, 2.0])),
+                  "overlong_channel": draw(st.sampled_from(CHANNEL_NAMES))}  # fmt: skip
+    if draw(st.booleans()):  # a correct reward falls with the length and stays above every wrong one
+        wrong = draw(st.lists(st.sampled_from([-1.0, -0.5, 0.0]), min_size=2, max_size=2))
+        low = draw(st.sampled_from([v for v in (-0.5, 0.0, 0.5, 1.0) if v >= max(wrong)]))
+        block |= {
+            "cosine_max_length": draw(st.integers(1, scale)),
+            "cosine_channel": draw(st.sampled_from(CHANNEL_NAMES)),
+            "cosine_min_value_wrong": wrong[0],
+            "cosine_max_value_wrong": wrong[1],
+            "cosine_min_value_correct": low,
+            "cosine_max_value_correct": draw(st.sampled_from([low, low + 0.5, 2.0])),
+        }
+    mode = draw(st.sampled_from(["none", "none", "exact", "max"]))
+    if mode != "none":
+        block |= {"target_length": mode, "target_length_alpha": draw(st.sampled_from([0.01, 0.05, 0.3])),
+                  "target_length_channel": draw(st.sampled_from(CHANNEL_NAMES))}  # fmt: skip
+        if mode == "max":
+            block["target_length_delta"] = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    truncation = draw(st.sampled_from(["none", "none", "mask", "penalty", "incorrect"]))
+    if truncation != "none":
+        block["truncation"] = truncation
+        if truncation == "penalty":
+            block["truncation_penalty_factor"] = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    return block
+
+
+@st.composite
+def every_term_config(draw):
+    """``config_dict`` with the per-rollout terms in ``default`` and in the overrides too."""
+    config = draw(config_dict())
+    default = {**config["default"], **draw(rollout_params())}
+    config["default"] = without_idle_keys(default, default)
+    for agent, block in (config.get("agent_overrides") or {}).items():
+        if block is not None and draw(st.booleans()):
+            merged = {**block, **draw(rollout_params())}
+            config["agent_overrides"][agent] = without_idle_keys(merged, {**config["default"], **merged})
+    return config
+
+
+@st.composite
+def prompt_entry(draw, scale=60):
+    """One prompt's well-formed metadata (§2.14): a profile, a band and a target, each present or not."""
+    entry = {}
+    if draw(st.booleans()):
+        n = draw(st.integers(1, 5))
+        entry["profiled_rewards"] = draw(st.lists(st.sampled_from([0, 1, 1]), min_size=n, max_size=n))
+        entry["profiled_output_lengths"] = draw(st.lists(st.integers(0, 2 * scale), min_size=n, max_size=n))
+    if draw(st.booleans()):
+        entry["profile_band"] = draw(
+            st.fixed_dictionaries({}, optional={ch: valid_band(scale) for ch in CHANNEL_NAMES})
+        )
+    if draw(st.booleans()):
+        entry["target_length"] = draw(st.integers(1, 2 * scale))
+    return entry or None
+
+
+@st.composite
+def ordered_groups(draw, scale=60):
+    """A batch of prompt groups whose rows are mostly comparable by length: per group and channel, distinct
+    lengths in increasing order over a random ranking of the rows (the shortest ones possibly empty), one
+    channel sometimes shuffled. Per prompt: an agent and metadata. Returns the ``RolloutBatch`` fields as
+    lists, with truncated flags for the longest totals (truncation is reaching the length limit) and the
+    total length as the loss-mask length."""
+    rewards, group_index, reasoning, answer, agents, metadata = [], [], [], [], [], []
+    cutoff = draw(st.one_of(st.none(), st.integers(1, 2 * scale)))
+    for group in range(draw(st.integers(1, 4))):
+        size = draw(st.integers(2, 6))
+        rank = draw(st.permutations(range(size)))
+        channels = []
+        for _ in range(2):
+            empty = draw(st.integers(0, size))
+            values = sorted(
+                draw(st.sets(st.integers(1, scale), min_size=size - empty, max_size=size - empty))
+            )
+            ordered = [0] * empty + values
+            if draw(st.integers(0, 4)) == 0:
+                ordered = draw(st.permutations(ordered))
+            channels.append([ordered[r] for r in rank])
+        reasoning += channels[0]
+        answer += channels[1]
+        values = [0.0, 1.0, 1.0] if draw(st.integers(0, 3)) else [0.0, 1.0, 1 - 5e-7, 0.5]
+        rewards += draw(st.lists(st.sampled_from(values), min_size=size, max_size=size))
+        group_index += [group] * size
+        agent, entry = draw(st.sampled_from(["math", "code", None])), draw(prompt_entry(scale))
+        agents += [agent] * size
+        metadata += [entry] * size
+    totals = [r + a for r, a in zip(reasoning, answer, strict=True)]
+    truncated = [cutoff is not None and total >= cutoff for total in totals]
+    return rewards, group_index, reasoning, answer, agents, metadata, truncated, totals

@@ -142,12 +142,17 @@ def test_advantages_keep_the_dtype():
 
 
 def test_keep_mask():
-    """All-correct groups need a shaped range above 1e-6; others shaped rewards not all equal (§3.3)."""
-    shaped = [1.0, 1 - 2e-6, 1.0, 1 - 5e-7, 0.5, 0.5, 0.0, 0.0, 0.0, 0.1]
-    raw = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-    groups = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    """All-correct groups need a shaped range above 1e-6, mixed ones shaped rewards not all equal, and a group
+    with no correct row unshaped rewards not all equal (§3.3): group 4's shaped spread (a per-rollout term's)
+    does not keep it; group 5's spread before shaping (another reward term of the host) does."""
+    shaped = [1.0, 1 - 2e-6, 1.0, 1 - 5e-7, 0.5, 0.5, 0.0, 0.0, 0.0, 0.1, -0.5, 0.2]
+    raw = [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    groups = [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     keep = nonzero_std_keep_mask(shaped, raw, groups).tolist()
-    assert keep == [True, True, False, False, False, False, False, False, True, True]
+    assert keep == [True, True, False, False, False, False, False, False, False, False, False, False]
+    unshaped = [*raw[:10], 0.0, 0.3]
+    keep = nonzero_std_keep_mask(shaped, raw, groups, unshaped).tolist()
+    assert keep == [True, True, False, False, False, False, False, False, False, False, True, True]
 
 
 def test_log_line(caplog):

@@ -35,6 +35,7 @@ def rollout_terms(draw) -> dict:
                   "overlong_factor": draw(st.sampled_from([0.5, 1.0, 2.0, 3.0]))}  # fmt: skip
     if draw(st.booleans()):
         terms |= {"cosine_max_length": draw(st.integers(1, 60)),
+                  "cosine_min_value_wrong": -3.0, "cosine_max_value_wrong": -2.0,  # below every correct value
                   "cosine_min_value_correct": draw(st.sampled_from([-2.0, -0.5, 0.0, 0.5])),
                   "cosine_max_value_correct": draw(st.sampled_from([0.5, 1.0, 2.0]))}  # fmt: skip
     if draw(st.booleans()):

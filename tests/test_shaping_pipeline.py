@@ -83,7 +83,7 @@ def by_hand(batch: RolloutBatch, config: LengthShapingConfig, normalization, wei
             std_scope=normalization.std_scope, single_row_stats=normalization.single_row_stats,
             plain_rows=~binary,
         )  # fmt: skip
-    keep = nonzero_std_keep_mask(totals, raw, batch.layout) if config.drop_zero_std_groups else None
+    keep = nonzero_std_keep_mask(totals, raw, batch.layout, base) if config.drop_zero_std_groups else None
     return shaped, advantages, keep
 
 

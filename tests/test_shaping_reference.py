@@ -140,11 +140,15 @@ def test_normalization_matches_reference(
             single_row_stats=single_row_stats,
         )
         keep = nonzero_std_keep_mask(shaped, rewards, group_index)
+        # a host's other reward terms (spread or not) judge the groups without a correct row
+        unshaped = [r + length % 2 for r, length in zip(rewards, reasoning, strict=True)]
+        judged = nonzero_std_keep_mask(shaped, rewards, group_index, unshaped)
     expected = reference_advantages(
         shaped, rewards, group_index, scale_by_std, std_eps, std_scope, single_row_stats
     )
     assert_close(advantages.tolist(), expected)
     assert keep.tolist() == reference_keep(shaped, rewards, group_index)
+    assert judged.tolist() == reference_keep(shaped, rewards, group_index, unshaped)
 
 
 def test_float32_batch_matches_reference():

@@ -45,11 +45,24 @@ def test_overlong_reads_its_channel():
 
 def test_group_terms_see_the_overlong_penalty():
     """Two correct rollouts: alone, the longest top scorer loses 0.1; with the overlong penalty the long one
-    is no longer a top scorer (the top threshold reads the rollout reward), so nobody loses the 0.1."""
+    is still a top scorer (top scorers compare correctness, §2.7), so it loses the 0.1 on top of its overlong
+    penalty."""
     plain = penalties([1, 1], [42, 30], longest_total_penalty=0.1)
     assert plain.rewards.tolist() == [0.9, 1.0]
     both = penalties([1, 1], [42, 30], longest_total_penalty=0.1, **OVERLONG)
-    assert both.rewards.tolist() == [0.5, 1.0]
+    assert both.rewards.tolist() == pytest.approx([0.4, 1.0])
+
+
+def test_a_rollout_in_the_overlong_buffer_never_escapes_the_longest_penalty():
+    """Issue 42's case (§2.6 "Longer never scores higher"): four correct rollouts, the three longest in the
+    overlong buffer or past it (rollout rewards 1, 0.833, 0.5, 0.5). Before, the top threshold read those
+    rollout rewards: only rows 0 and 1 were top scorers, so the 40-token row lost the longest penalty and
+    the 50- and 60-token rows scored above it ([1, 0.433, 0.5, 0.5]). Now every correct row is a top scorer
+    (NeMo-RL: binary rewards tie at the top) and the longest, 60 tokens, loses it."""
+    result = penalties(
+        [1, 1, 1, 1], [10, 40, 50, 60], longest_total_penalty=0.4, overlong_factor=0.5, **OVERLONG
+    )
+    assert result.rewards.tolist() == pytest.approx([1.0, 1 - 0.5 / 3, 0.5, 0.1])
 
 
 def test_group_terms_keep_positive_as_the_correctness():

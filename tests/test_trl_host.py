@@ -176,3 +176,39 @@ def test_rederived_trl_behaviour_equals_trls_own(random_model_dir, tmp_path):
     torch.testing.assert_close(
         record.output["advantages"][rows], trainer.trl_advantages[rows], rtol=0, atol=1e-6
     )
+
+
+OUTSIDE_THE_RANGE = """
+import sys
+import trl
+trl.__version__ = "1.13.0"
+from trl_length_plugin.trl_integration.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_trl_outside_the_range_is_one_line_from_the_command(tmp_path):
+    """``trl-length-grpo`` with a TRL outside the supported range: one line naming the range (exit 2, no
+    traceback), before any model loads (issue 42, class 8)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            OUTSIDE_THE_RANGE,
+            "--config",
+            "recipe:coefficient_cpu",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("trl-length-grpo: error:")]
+    assert len(lines) == 1, done.stderr
+    low, high = host.SUPPORTED_TRL
+    assert f"supports >={low},<{high}" in lines[0] and "installed trl 1.13.0 is outside" in lines[0]

@@ -32,20 +32,26 @@ from trl_length_plugin.trl_integration.keys import (
     check_trl_keys,
 )
 
-#: the TRL modules that branch on the choice keys (trainer, config, vLLM generation)
-TRL_SOURCES = ("trainer/grpo_trainer.py", "trainer/grpo_config.py", "generation/vllm_generation.py")
+#: the TRL modules that branch on the choice keys (trainer, config, vLLM generation), each with the names it
+#: gives a key (vLLM generation keeps ``vllm_mode`` as ``self.mode``; trl 1.14 and 1.15 compare it only there)
+TRL_SOURCES = {
+    "trainer/grpo_trainer.py": {},
+    "trainer/grpo_config.py": {},
+    "generation/vllm_generation.py": {"mode": "vllm_mode"},
+}
 BIN = Path(sys.executable).parent
 
 
 def compared_values() -> dict[str, set[str]]:
     """Per choice key, every string TRL's code compares it with (``==``, ``!=``, ``in``, ``not in``)."""
     found: dict[str, set[str]] = {key: set() for key in TRL_CHOICES}
-    for source in TRL_SOURCES:
+    for source, aliases in TRL_SOURCES.items():
         tree = ast.parse((Path(trl.__file__).parent / source).read_text())
         for node in ast.walk(tree):
             if not isinstance(node, ast.Compare):
                 continue
             name = getattr(node.left, "attr", getattr(node.left, "id", None))
+            name = aliases.get(name, name)
             if name in found:
                 found[name].update(
                     c.value

@@ -99,10 +99,59 @@ def test_validation_groups_are_never_filtered(store, tokenizer):
 
 
 def test_filter_off_or_shaping_off_keeps_verls_buffer():
-    """Without the filter, or without length shaping, the replay buffer is verl's own class."""
-    for overrides in (SHAPING, FILTER):
+    """Without the filter, or without length shaping, or with another metric than ``reward`` (DAPO's
+    ``acc``, refused before issue 42), the replay buffer is verl's own class."""
+    for overrides in (SHAPING, FILTER, [*SHAPING, *FILTER, ACC]):
         buffer = make_trainer(overrides).replay_buffer
         assert type(buffer).__module__ == "verl.trainer.ppo.v1.replay_buffer"
+
+
+# -- a group with no correct rollout (issue 42): the overlong punishment spreads it by length ---------------
+ACC = "algorithm.filter_groups.metric=acc"
+OVERLONG = [  # chars: words(n) is 17 + 5n characters; 0 up to 50, -1 from 100
+    "+length_penalty.default.overlong_max_length=100",
+    "+length_penalty.default.overlong_buffer=50",
+    "+length_penalty.default.length_type=chars",
+    "algorithm.adv_estimator=grpo",
+]
+
+
+def all_wrong_groups() -> list[Rollout]:
+    """G: all wrong, lengths into the buffer (shaped 0, -0.3, -0.8, -1); D: mixed; H: all correct."""
+    return [
+        *(Rollout("G", 0.0, words(n)) for n in [1, 10, 20, 40]),
+        *(Rollout("D", r, words(3)) for r in [1.0, 0.0, 1.0, 0.0]),
+        *(Rollout("H", 1.0, words(n)) for n in [1, 10, 20, 40]),
+    ]
+
+
+@pytest.mark.slow
+def test_the_shaped_filter_drops_an_all_wrong_group(store, tokenizer):
+    """Group G's shaped scores differ by length, so before issue 42 the shaped filter kept it and GRPO gave
+    its shortest wrong answer a positive advantage; judged on its correctness it is dropped. H (all correct,
+    spread by the overlong punishment) survives on its shaped range as before."""
+    clear()
+    put_rollouts(all_wrong_groups(), tokenizer)
+    trainer = make_trainer([*OVERLONG, *FILTER], tokenizer)
+    assert isinstance(trainer.replay_buffer, ShapedReplayBuffer)
+    batch, metrics = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=2)
+    assert {key.split("_")[0] for key in batch.keys} == {"D", "H"}
+    assert metrics["training/filter_groups/evicted_samples"] == 1
+
+
+@pytest.mark.slow
+def test_acc_metric_is_verls_own_filter_with_shaping_on(store, tokenizer):
+    """``algorithm.filter_groups.metric=acc`` with shaping on: verl's own filter judges each group's
+    ``acc`` (DAPO's rule: all-correct and all-wrong groups dropped) and the advantage step shapes the rest."""
+    clear()
+    put_rollouts(all_wrong_groups(), tokenizer)
+    trainer = make_trainer([*OVERLONG, *FILTER, ACC], tokenizer)
+    batch, metrics = trainer.replay_buffer.sample(global_steps=1, partition_id="train", batch_size=1)
+    assert {key.split("_")[0] for key in batch.keys} == {"D"}
+    assert metrics["training/filter_groups/evicted_samples"] == 2
+    step: dict = {}
+    trainer._compute_advantage(batch, step)
+    assert step["length_penalty/env_reward_mean"] == pytest.approx(0.5)
 
 
 @pytest.mark.slow

@@ -146,11 +146,6 @@ BAD = [
     ),
     (
         ["+length_penalty.default.total_bonus=0.1", "algorithm.filter_groups.enable=true"]
-        + ["algorithm.filter_groups.metric=acc"],
-        "algorithm.filter_groups.metric",
-    ),
-    (
-        ["+length_penalty.default.total_bonus=0.1", "algorithm.filter_groups.enable=true"]
         + ["actor_rollout_ref.rollout.n=1"],
         "actor_rollout_ref.rollout.n",
     ),

@@ -110,13 +110,15 @@ def group_advantages(
 
 
 @single_threaded()
-def nonzero_std_keep_mask(shaped: Any, raw: Any, group_index: Any) -> torch.Tensor:
+def nonzero_std_keep_mask(shaped: Any, raw: Any, group_index: Any, unshaped: Any = None) -> torch.Tensor:
     """Per row, whether its group survives the non-zero-std filter (docs/reference/length-coefficient.md §3.3).
 
-    All-correct groups need a shaped range above 1e-6; other groups shaped rewards that are not all
-    equal. NaN rows are ignored.
+    All-correct groups need a shaped range above 1e-6; mixed groups shaped rewards that are not all equal;
+    a group with no correct row (no raw reward > 0) is judged on ``unshaped``, the host's rewards without
+    the length terms (default ``raw``, the correctness: such a group is dropped), so a per-rollout term's
+    spread never keeps it. NaN rows are ignored.
     """
-    return advantages_and_keep(shaped, raw, group_index, None)[1]
+    return advantages_and_keep(shaped, raw, group_index, None, unshaped=unshaped)[1]
 
 
 @single_threaded()
@@ -127,12 +129,17 @@ def advantages_and_keep(
     normalization: GroupNormalization | None,
     plain_rows: torch.Tensor | None = None,
     keep: bool = True,
+    unshaped: Any = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """:func:`group_advantages` under ``normalization`` (None: not computed) and, with ``keep``,
-    :func:`nonzero_std_keep_mask`, from one packing of the rewards per bucket."""
+    :func:`nonzero_std_keep_mask` (``unshaped``: its judge of groups without a correct row), from one
+    packing of the rewards per bucket."""
     if normalization is not None:
         _check_scope(normalization.std_scope)
     values, truth, layout = _inputs(shaped, raw, group_index)
+    judge = truth if unshaped is None else as_float_tensor(unshaped, "unshaped").double()
+    if judge.numel() != truth.numel():
+        raise ValueError("unshaped must have one entry per row")
     x = values.double()
     batch_std = None
     if normalization is not None and normalization.scale_by_std and normalization.std_scope == "batch":
@@ -150,15 +157,33 @@ def advantages_and_keep(
                 _advantage(packed, valid, packed_truth, all_correct, bucket, normalization, batch_std, plain)
             )
         if keep:
-            lowest, highest = row_min_max(packed.nan_to_num(0.0), valid)
-            survives = (highest - lowest > ALL_CORRECT_MIN_RANGE) & all_correct | (
-                highest > lowest
-            ) & ~all_correct
-            kept.append(survives.expand_as(packed))
+            kept.append(_survives(packed, valid, packed_truth, all_correct, bucket, bucket.pack(judge)))
     return (
         layout.unpack(advantages).to(values.dtype) if normalization is not None else None,
         layout.unpack(kept, torch.bool) if keep else None,
     )
+
+
+def _survives(
+    packed: torch.Tensor,
+    valid: torch.Tensor,
+    packed_truth: torch.Tensor,
+    all_correct: torch.Tensor,
+    bucket: Bucket,
+    packed_judge: torch.Tensor,
+) -> torch.Tensor:
+    """One bucket's keep mask (``[width, Gb]``, §3.3): an all-correct group on its shaped range, a mixed one
+    on shaped rewards not all equal, one without a correct row on its unshaped rewards not all equal."""
+    lowest, highest = row_min_max(packed.nan_to_num(0.0), valid)
+    all_wrong = ~row_any((packed_truth > 0) & bucket.valid)
+    judged = bucket.valid & ~torch.isnan(packed_judge)
+    judge_low, judge_high = row_min_max(packed_judge.nan_to_num(0.0), judged)
+    survives = torch.where(
+        all_correct,
+        highest - lowest > ALL_CORRECT_MIN_RANGE,
+        torch.where(all_wrong, judge_high > judge_low, highest > lowest),
+    )
+    return survives.expand_as(packed)
 
 
 def _advantage(

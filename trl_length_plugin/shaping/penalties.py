@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any
 
@@ -144,7 +144,7 @@ def _shape_bucket(
     clean = rewards.nan_to_num(0.0)
     channel_lengths = bucket.pack([rows[channel] for channel in CHANNELS])
     truncated = None if rows.get("truncated") is None else bucket.pack(rows["truncated"], False)
-    view = GroupView(bucket, params, clean, channel_lengths, processed, processed & (clean > 0), truncated)
+    view = GroupView(bucket, params, clean, channel_lengths, processed, clean, truncated)
     kept_rows: dict[str, dict[str, torch.Tensor]] = {}
     kept_groups: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -162,8 +162,8 @@ def _shape_bucket(
             if name in term.outputs:
                 reward = reward + value
         reward = values.get(REWARD, reward)  # the new reward itself replaces the sum, exactly
-    if reward is not clean:  # the group terms read the rollout reward; positive stays the correctness (§2.6)
-        view = GroupView(bucket, params, reward, channel_lengths, processed, view.positive, truncated)
+    if reward is not clean:  # the group terms add to the rollout reward; they compare correctness (§2.6)
+        view = replace(view, rewards=reward)
     gate_open = torch.ones(view.shaped_groups.shape, dtype=torch.bool)
     for term in found.of("gate"):
         gate_open = run(term, gate_open, view.rewards)[GATE_OPEN]

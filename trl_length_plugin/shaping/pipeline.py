@@ -31,12 +31,14 @@ from .truncation import apply_truncation
 class ShapingResult:
     """What one shaping step produced, one entry per row of the batch (float64 unless noted).
 
-    - ``rewards``: shaped correctness rewards; ``raw``: the input.
+    - ``rewards``: shaped correctness rewards; ``raw``: the input; ``correctness``: the correctness the step
+      judged (``raw`` with truncated rows 0 under ``truncation: incorrect``, reference §2.19).
     - ``totals``: the reward advantages and the filter judge: ``base_rewards + weight * (rewards - raw)``.
     - ``advantages``: the §3.3 group normalization of ``totals`` (coefficient on), else None.
     - ``host_rows`` (bool): rows of groups the coefficient skipped (missing or non-binary correctness): a
       host keeps its own advantages there (``advantages`` holds its plain normalization for them).
-    - ``keep`` (bool): rows whose group survives the zero-std filter (filter on), else None.
+    - ``keep`` (bool): rows whose group survives the zero-std filter (filter on), else None; a group with no
+      correct row is judged without the length terms (§3.3).
     - ``loss_keep`` (bool): rows whose tokens stay in the loss under ``truncation: mask`` (reference §2.19),
       else None; a host zeroes the loss mask of the others.
     - ``row_metrics``: reference §2.15 and §3 metrics as per-row values; ``metrics``: their means over the
@@ -47,6 +49,7 @@ class ShapingResult:
     layout: GroupLayout
     rewards: torch.Tensor
     raw: torch.Tensor
+    correctness: torch.Tensor
     totals: torch.Tensor
     host_rows: torch.Tensor
     advantages: torch.Tensor | None = None
@@ -120,7 +123,7 @@ def shape_rollouts(
             batch = truncation.batch
         correctness = batch.rewards.double()
         kinds = classify_groups(layout, correctness, batch.multi_component)
-        result = ShapingResult(layout, correctness, raw, raw, (~kinds.binary)[layout.gid])
+        result = ShapingResult(layout, correctness, raw, correctness, raw, (~kinds.binary)[layout.gid])
         if truncation is not None:
             result.row_metrics.update(truncation.row_metrics)
             result.loss_keep = None if all_set(truncation.keep) else truncation.keep
@@ -139,8 +142,15 @@ def shape_rollouts(
         result.totals = base + shaping_weight * (result.rewards - raw).nan_to_num(0.0)
         normalized = normalization if config.coefficient_on else None
         if normalized is not None or config.drop_zero_std_groups:
+            unshaped = base + shaping_weight * (correctness - raw).nan_to_num(0.0)  # no length term (§3.3)
             result.advantages, result.keep = advantages_and_keep(
-                result.totals, correctness, layout, normalized, result.host_rows, config.drop_zero_std_groups
+                result.totals,
+                correctness,
+                layout,
+                normalized,
+                result.host_rows,
+                config.drop_zero_std_groups,
+                unshaped,
             )
         if result.keep is not None:
             result.row_metrics["length_penalty/zero_std_filtered_frac"] = weights(~result.keep)

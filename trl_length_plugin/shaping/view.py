@@ -18,9 +18,11 @@ from .groups import Bucket, any_set, row_any, row_count, row_min_max, row_pick, 
 class GroupView:
     """Row matrices ``[width, Gb]`` of one bucket and per-group parameters ``p(name)`` (Gb,).
 
-    ``processed``: rows of groups being shaped; ``positive``: those with reward > 0; ``eligible``: positive
-    rows of groups with at least two positives (§2.6); ``rewards``: correctness with NaN read as 0 (for the
-    group terms: the rollout reward after the per-rollout terms, §2.6; ``positive`` stays the correctness).
+    ``processed``: rows of groups being shaped; ``correctness``: the correctness with NaN read as 0;
+    ``positive``: rows of groups being shaped with correctness > 0; ``eligible``: positive rows of groups
+    with at least two positives (§2.6); ``rewards``: the correctness, for the group terms the rollout reward
+    after the per-rollout terms (§2.6). Who is a top scorer is judged on the correctness (§2.7): a
+    per-rollout term never moves a row out of the comparisons a shorter one is in.
     """
 
     bucket: Bucket
@@ -28,8 +30,12 @@ class GroupView:
     rewards: torch.Tensor
     channel_lengths: torch.Tensor  # [width, len(CHANNELS), Gb]
     processed: torch.Tensor
-    positive: torch.Tensor
+    correctness: torch.Tensor
     truncated: torch.Tensor | None = None  # [width, Gb] bool, the hosts' truncated flag (§2.19)
+
+    @functools.cached_property
+    def positive(self) -> torch.Tensor:
+        return self.processed & (self.correctness > 0)
 
     @functools.cached_property
     def lengths(self) -> dict[str, torch.Tensor]:
@@ -51,19 +57,19 @@ class GroupView:
 
     @functools.cached_property
     def threshold(self) -> torch.Tensor:
-        """§2.7: the positive reward at index max(0, int(n_pos * top_percentile) - 1) sorted descending."""
-        lowest, highest = row_min_max(self.rewards, self.eligible)
+        """§2.7: the positive correctness at index max(0, int(n_pos * top_percentile) - 1) sorted descending."""
+        lowest, highest = row_min_max(self.correctness, self.eligible)
         varied = lowest < highest
         if not any_set(varied):
             return highest
         descending = ((self.n_positive * self.p("top_percentile")).floor().long() - 1).clamp(min=0)
-        picked = row_pick(row_sorted(self.rewards, self.eligible), self.n_positive - 1 - descending)
+        picked = row_pick(row_sorted(self.correctness, self.eligible), self.n_positive - 1 - descending)
         return torch.where(varied, picked, highest)
 
     @functools.cached_property
     def top(self) -> torch.Tensor:
-        """Top scorers: eligible rows at or above the threshold (§2.7)."""
-        return self.eligible & (self.rewards >= self.threshold)
+        """Top scorers: eligible rows whose correctness is at or above the threshold (§2.7)."""
+        return self.eligible & (self.correctness >= self.threshold)
 
     def p(self, name: str) -> torch.Tensor:
         return self.bucket.take(self.params[name])

@@ -290,12 +290,19 @@ def parse_args(argv: list[str] | None = None):
 
 
 def import_script():
-    """``trl_integration.script`` (imports TRL and torch); a missing TRL is one line naming the extra."""
+    """``trl_integration.script`` (imports TRL and torch); a missing TRL is one line naming the extra, and a TRL
+    outside the supported range (or whose internals changed) one line naming the range."""
     from trl_length_plugin._optional import require
 
     try:
         require("trl", "trl")
     except ImportError as err:
+        fail(str(err))
+    from trl_length_plugin.trl_integration._host import TRLHostError, check_trl_host
+
+    try:
+        check_trl_host()
+    except TRLHostError as err:
         fail(str(err))
     from trl_length_plugin.trl_integration import script
 

@@ -37,7 +37,7 @@ from verl_adapter.keys import DROP_ZERO_STD, LOG_ROLLOUTS, VERL_KEYS
 
 #: the advantage estimator that carries the coefficient's group normalization (reference §3.3)
 LENGTH_GRPO = "length_grpo"
-#: the only ``algorithm.filter_groups.metric`` the shaped filter can judge (reference §3.3)
+#: the ``algorithm.filter_groups.metric`` the shaped filter judges (reference §3.3)
 FILTER_METRIC = "reward"
 
 
@@ -75,6 +75,13 @@ def log_rollouts(config: DictConfig) -> bool:
     return value
 
 
+def shaped_filter(algorithm: DictConfig) -> bool:
+    """Whether ``algorithm.filter_groups`` is the shaped filter: on, with ``metric=reward``. Any other metric
+    (DAPO's ``acc``) is verl's own filter on that metric, which needs nothing of the shaping (reference §3.3)."""
+    filter_groups = algorithm.get("filter_groups") or {}
+    return bool(filter_groups.get("enable", False)) and filter_groups.get("metric") == FILTER_METRIC
+
+
 def check_algorithm(shaping: LengthShapingConfig, algorithm: DictConfig, rollout_n: int) -> None:
     """Reject combinations that would train on something else than the shaped rewards."""
     estimator = str(algorithm.adv_estimator)
@@ -92,14 +99,8 @@ def check_algorithm(shaping: LengthShapingConfig, algorithm: DictConfig, rollout
             "algorithm.adv_estimator: gdpo normalizes reward components separately and would ignore the "
             "shaped scalar score; length shaping acts on one scalar score (reference §2.4)"
         )
-    filter_groups = algorithm.get("filter_groups") or {}
-    if not filter_groups.get("enable", False):
+    if not shaped_filter(algorithm):
         return
-    if filter_groups.get("metric") != FILTER_METRIC:
-        raise ValueError(
-            f"algorithm.filter_groups.metric: with length shaping the filter judges shaped rewards "
-            f"(reference §3.3), so it must be {FILTER_METRIC!r}, got {filter_groups.get('metric')!r}"
-        )
     if rollout_n < 2:
         raise ValueError(
             f"actor_rollout_ref.rollout.n: the shaped group filter drops every group whose shaped rewards "

@@ -5,9 +5,11 @@ verl 0.9.1 filters groups in the V1 replay buffer (``ReplayBuffer._dapo_filtered
 finishes, before the trainer's advantage step. With length shaping on, this override shapes each newly
 finished group (``RolloutShaper.shape_groups``, kept by ``uid`` for the advantage step, so no group is
 shaped twice), classifies it by the core's ``nonzero_std_keep_mask`` — an all-correct group survives only
-when its shaped range exceeds 1e-6, any other group only when its shaped rewards are not all equal — and
-records that in verl's classification cache; verl's own ``_dapo_filtered_keys`` then does everything else
-(cache upkeep, the missing-metric check, the filtered set and its counts).
+when its shaped range exceeds 1e-6, a mixed group only when its shaped rewards are not all equal, a group with
+no correct rollout on its raw scores (a per-rollout term's spread never keeps it) — and records
+that in verl's classification cache; verl's own ``_dapo_filtered_keys`` then does everything else (cache
+upkeep, the missing-metric check, the filtered set and its counts). Installed for
+``algorithm.filter_groups.metric=reward`` only: any other metric (DAPO's ``acc``) is verl's own filter.
 
 Deviation from verl: verl never filters a group of one row (``len(values) > 1``); this filter follows §3.3
 as written, so a one-row group (its shaped rewards trivially all equal) is dropped.
@@ -47,7 +49,7 @@ class ShapedGroupFilter:
 
         rows = self.length_shaper.shape_groups(fetch, keys)
         uids = [key.split("_")[0] for key in keys]
-        keep = nonzero_std_keep_mask(rows.shaped, rows.raw, np.unique(uids, return_inverse=True)[1])
+        keep = nonzero_std_keep_mask(rows.shaped, rows.correctness, np.unique(uids, return_inverse=True)[1])
         dropped = set()
         for uid, kept, value in zip(uids, keep.tolist(), rows.shaped.tolist(), strict=True):
             if uid not in cache:

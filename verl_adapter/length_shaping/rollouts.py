@@ -84,12 +84,13 @@ def check_single_output_sessions(keys: Sequence[str]) -> None:
 
 @dataclass
 class ShapedRows:
-    """Shaping results by TransferQueue key: raw and shaped sequence scores (float64), the rows the
+    """Shaping results by TransferQueue key: the correctness the shaping judged (the raw sequence score, 0
+    for a truncated row under ``truncation: incorrect``) and the shaped scores (float64), the rows the
     coefficient skipped (``host_rows``), the rows whose tokens stay in the loss (``loss_keep``, ``truncation:
     mask``, §2.19), per-row metrics, and what the logs need (verbose group records, the §3.4 records)."""
 
     keys: list[str]
-    raw: torch.Tensor
+    correctness: torch.Tensor
     shaped: torch.Tensor
     host_rows: torch.Tensor
     loss_keep: torch.Tensor
@@ -108,7 +109,7 @@ class ShapedRows:
         uids = {key.split("_")[0] for key in keys}
         return ShapedRows(
             list(keys),
-            self.raw[index],
+            self.correctness[index],
             self.shaped[index],
             self.host_rows[index],
             self.loss_keep[index],
@@ -124,7 +125,7 @@ class ShapedRows:
         }
         return ShapedRows(
             [key for part in parts for key in part.keys],
-            torch.cat([part.raw for part in parts]),
+            torch.cat([part.correctness for part in parts]),
             torch.cat([part.shaped for part in parts]),
             torch.cat([part.host_rows for part in parts]),
             torch.cat([part.loss_keep for part in parts]),
@@ -191,7 +192,14 @@ class RolloutShaper:
             record.group = uids[record.rows[0]]
         keep = torch.ones_like(raw, dtype=torch.bool) if result.loss_keep is None else result.loss_keep
         return ShapedRows(
-            list(keys), raw, result.rewards, result.host_rows, keep, result.row_metrics, records, lines
+            list(keys),
+            result.correctness,
+            result.rewards,
+            result.host_rows,
+            keep,
+            result.row_metrics,
+            records,
+            lines,
         )
 
     def _penalty_inputs(

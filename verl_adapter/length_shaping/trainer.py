@@ -20,7 +20,8 @@ trainer gets the same behaviour by listing :class:`LengthShapingMixin` first amo
   records and the ``Length penalty:`` lines (docs/reference/length-coefficient.md §3.4) are logged here, in
   the single-controller process only.
 - ``_build_replay_buffer`` gives verl's replay buffer the shaped group filter when
-  ``algorithm.filter_groups`` is on (§3.3).
+  ``algorithm.filter_groups`` is on with ``metric=reward`` (§3.3; another metric, DAPO's ``acc``, is verl's
+  own filter).
 - ``_save_checkpoint`` / ``_load_checkpoint`` record the length schedule (its stages and the values at the
   saved step) in ``length_schedule_state.json`` inside each ``global_step_<n>`` folder and say on resume
   where it continues (docs/reference/length-coefficient.md §3.7); the values follow
@@ -41,7 +42,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from trl_length_plugin.shaping import LengthShapingConfig, ShapingRun
 from verl_adapter.length_shaping.advantage import raw_scores
-from verl_adapter.length_shaping.config import log_rollouts, shaping_config
+from verl_adapter.length_shaping.config import log_rollouts, shaped_filter, shaping_config
 from verl_adapter.length_shaping.filter import SHAPED_BUFFERS, with_shaped_filter
 from verl_adapter.length_shaping.rollouts import RolloutShaper, ShapedRows, padded, row_lengths
 from verl_adapter.platform.host import checkpoint_folder, resumed_checkpoint_folder
@@ -114,14 +115,22 @@ class LengthShapingMixin:
 
     def _build_replay_buffer(self):
         buffer = super()._build_replay_buffer()
-        filter_on = bool((self.config.algorithm.get("filter_groups") or {}).get("enable", False))
-        if not (self.length_shaping.enabled and filter_on):
+        filter_groups = self.config.algorithm.get("filter_groups") or {}
+        if not (self.length_shaping.enabled and filter_groups.get("enable", False)):
             return buffer
         if type(buffer) not in SHAPED_BUFFERS:
             logger.warning(
                 "trl-length-plugin: the custom sampler %s owns group filtering; it must judge shaped rewards "
                 "itself (docs/reference/length-coefficient.md §3.3)",
                 type(buffer).__name__,
+            )
+            return buffer
+        if not shaped_filter(self.config.algorithm):
+            logger.info(
+                "trl-length-plugin: algorithm.filter_groups.metric=%s is verl's own filter on that metric: it "
+                "drops all-correct groups too, whose length spread the shaping trains on; metric=reward keeps "
+                "them (docs/reference/length-coefficient.md §3.3)",
+                filter_groups.get("metric"),
             )
             return buffer
         return with_shaped_filter(buffer, self.length_shaper)

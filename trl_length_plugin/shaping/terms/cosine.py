@@ -10,7 +10,8 @@ output is the change.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..fields import CHANNELS, Bounded, Channel, Count
 from . import REWARD, Parameter, register_term
@@ -33,6 +34,26 @@ PARAMETERS = {
 }
 
 
+def cosine_errors(params: Mapping[str, Any], given: set[str]) -> list[str]:
+    """Values under which length or a wrong answer would pay (§2.6 "Longer never scores higher"): a correct
+    rollout's reward must not grow with its length, nor fall below a wrong rollout's."""
+    if not params["cosine_max_length"]:
+        return []
+    low, high = params["cosine_min_value_correct"], params["cosine_max_value_correct"]
+    wrong = max(params["cosine_min_value_wrong"], params["cosine_max_value_wrong"])
+    if low > high:
+        return [
+            f"cosine_min_value_correct: {low} is above cosine_max_value_correct ({high}): a correct "
+            "rollout's reward would grow with its length"
+        ]
+    if low < wrong:
+        return [
+            f"cosine_min_value_correct: {low} is below the wrong rollouts' highest value ({wrong}): a wrong "
+            "rollout could score above a correct one"
+        ]
+    return []
+
+
 def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``cosine_delta_mean``: the cosine reward minus the correctness, per rollout (§2.18)."""
     return {"length_penalty/cosine_delta_mean": values["cosine"].double()}
@@ -45,6 +66,7 @@ def cosine_metrics(values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     parameters=PARAMETERS,
     switches=("cosine_max_length",),
     metrics=cosine_metrics,
+    check=cosine_errors,
 )
 def cosine(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tensor]:
     import torch

@@ -41,7 +41,7 @@ def shortest_bonus(view: GroupView, inputs: TermInputs) -> dict[str, torch.Tenso
     x = view.stacked_lengths(channels)
     winners = row_first_extreme(x, view.eligible[:, None] & (x > 0), False)
     bonus = view.stacked("{}_bonus", channels)
-    running, out = view.rewards, {}
+    running, out = view.correctness, {}  # the top threshold compares correctness (§2.7)
     for i, channel in enumerate(channels):
         out[f"{channel}_bonus"] = weights(winners[:, i] & (running >= view.threshold)).mul_(bonus[i])
         running = running + out[f"{channel}_bonus"]
