@@ -530,19 +530,19 @@ def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeyp
     for path in pinned:
         shutil.copytree(path, tmp_path / path.name)
     monkeypatch.setenv("TRL_LENGTH_PLUGIN_CACHE", str(tmp_path))
-    summaries = {
-        tasks.REASONING: (tasks.REASONING.grid_summary, "efficacy_reasoning_runs.json"),
-        tasks.OVERTHINKING: (tasks.OVERTHINKING.grid_summary,),
-    }
+    summaries = [
+        (tasks.REASONING, (tasks.REASONING.grid_summary, "efficacy_reasoning_runs.json")),
+        (tasks.OVERTHINKING, (tasks.OVERTHINKING.grid_summary,)),
+    ]
     found = {
-        task: embedded_model_dir(warm_start=True, seed=task.warm_seed, task=task.name) for task in summaries
+        task.name: embedded_model_dir(warm_start=True, seed=task.warm_seed, task=task.name) for task, _ in summaries
     }
     assert sorted(path.name for path in found.values()) == sorted(path.name for path in pinned)
-    for task, names in summaries.items():
+    for task, names in summaries:
         for name in names:
             summary = json.loads((REPO / "docs" / name).read_text())
             assert {warm["weights"] for warm in summary["warm"]} == {bench.warm_weights(task, 0)}
-            assert summary.get("model", found[task].name) == found[task].name
+            assert summary.get("model", found[task.name].name) == found[task.name].name
 
 
 def test_the_real_task_draws_one_step_problems_apart_from_its_held_out_ones():
