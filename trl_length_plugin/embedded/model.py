@@ -313,30 +313,32 @@ CACHED_FILES = ("tokenizer_config.json",)
 
 
 def cached(target: Path) -> bool:
-    """Whether the cache folder ``target`` is complete (:func:`folder_problem`); an incomplete one (damaged,
-    truncated) is removed, to be built again."""
-    if not target.exists():
-        return False
-    problem = folder_problem(target, CACHED_FILES)
-    if problem is None:
-        return True
-    logger.warning("the cached model %s is incomplete (%s): building it again", target, problem)
-    shutil.rmtree(target, ignore_errors=True)
-    return False
-
-
-def save_to_cache(target: Path, model, tokenizer) -> Path:
-    """Save ``model`` and ``tokenizer`` as the cache folder ``target``: written into a staging folder, verified
-    complete, then made ``target`` in one rename (a complete folder another process built at the same time is
-    kept). An unwritable cache is an ``OSError`` of one line naming ``$TRL_LENGTH_PLUGIN_CACHE``."""
+    """Whether the cache folder ``target`` is complete (:func:`folder_problem`). An incomplete one (damaged,
+    truncated) is removed, to be built again; a cache that cannot be written is then an ``OSError`` of one line
+    naming ``$TRL_LENGTH_PLUGIN_CACHE``, before the build."""
+    if target.exists():
+        problem = folder_problem(target, CACHED_FILES)
+        if problem is None:
+            return True
+        logger.warning("the cached model %s is incomplete (%s): building it again", target, problem)
+        shutil.rmtree(target, ignore_errors=True)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(13, "Permission denied")
     except OSError as err:
         raise OSError(
             f"model cache {target.parent}: cannot write there ({err.strerror or err}); set "
             "TRL_LENGTH_PLUGIN_CACHE to a writable folder"
         ) from None
+    return False
+
+
+def save_to_cache(target: Path, model, tokenizer) -> Path:
+    """Save ``model`` and ``tokenizer`` as the cache folder ``target`` (:func:`cached` said it is not there):
+    written into a staging folder, verified complete, then made ``target`` in one rename (a complete folder
+    another process built at the same time is kept)."""
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

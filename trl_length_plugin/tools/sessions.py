@@ -10,6 +10,20 @@ import subprocess
 import time
 from pathlib import Path
 
+#: Ctrl-C, kill and a closed terminal: each ends a tool's sessions, then the tool
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt_on_ending_signals() -> None:
+    """Make SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as Ctrl-C does: a killed tool, or one whose terminal
+    closed, still ends its sessions."""
+    for ending in ENDING_SIGNALS[1:]:
+        signal.signal(ending, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
 
 def session_processes(sid: int) -> list[int]:
     """The ids of the live processes of session ``sid``."""

@@ -27,15 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trl_length_plugin.offline.command import Parser
-from trl_length_plugin.tools.sessions import end_session
+from trl_length_plugin.tools.sessions import ENDING_SIGNALS, end_session, interrupt_on_ending_signals
 from verl_adapter.tools.check import CheckError, one_line, overrides_errors, recipe_overrides, split_scripts
 from verl_adapter.tools.smoke_config import SmokeConfigError, cpu_overrides, model_path, user_value
 from verl_adapter.tools.smoke_log import cell, first_error, read_metrics, screen, summary_lines, verdict
 
 PROG = "trl-length verl-smoke"
 ENTRY = "verl.trainer.main_ppo"
-#: Ctrl-C, kill and a closed terminal: each ends the run's session, then the command
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: a worker error with no progress for this long ends the run (verl can hang after a worker died)
 STALL_AFTER_ERROR_S = 45.0
 
@@ -319,8 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     except (CheckError, SmokeConfigError) as err:
         print(f"{PROG}: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
-    for ending in ENDING_SIGNALS[1:]:  # a killed command, or a closed terminal, still ends its run's session
-        signal.signal(ending, _interrupt)
+    interrupt_on_ending_signals()
     codes = []
     try:
         for label, user, one in runs:
@@ -329,10 +326,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{PROG}: interrupted", file=sys.stderr)
         raise SystemExit(1) from None
     raise SystemExit(max(codes))
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
