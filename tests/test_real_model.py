@@ -160,7 +160,7 @@ def test_the_overthinking_model_is_the_base_with_the_shipped_adapter_merged(smol
 def run_recipe_smoke(*args: str, **env: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "trl_length_plugin.tools.commands", "recipe-smoke", *args]
     environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
 
 
 def model_folder_with(tmp_path: Path, config: str | None, weights: bytes | None) -> Path:
@@ -309,3 +309,19 @@ def test_ctrl_c_in_recipe_smoke_is_one_line_and_ends_the_run(tmp_path):
     out, err = smoke.communicate(timeout=60)
     assert (smoke.returncode, err.strip().splitlines()) == (1, ["trl-length recipe-smoke: interrupted"])
     assert processes_naming(str(model)) == []
+
+
+def test_recipe_smoke_says_when_a_feature_never_acted(tmp_path):
+    """Issue 42, class 6: the coefficient recipe's one step passes while its warm-up holds the coefficient at 0,
+    so it penalizes nothing; PASS stays (the mechanics ran) and the line below it says so, and why."""
+    from trl_length_plugin.embedded import embedded_model_dir
+
+    done = run_recipe_smoke("coefficient_cpu", "--model", str(embedded_model_dir(task="reasoning")))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("coefficient_cpu"))
+    assert lines[at].endswith("PASS")
+    assert lines[at + 1] == (
+        "    length coefficient: never acted: the coefficient was 0 at every step (its warm-up or schedule); "
+        "train past them or raise length_penalty_coeff"
+    )

@@ -7,7 +7,9 @@ writes, ``tasks.gsm8k_sample``), precision, vLLM's CPU settings and batch/length
 algorithm key is kept. Each run passes when it exits 0, its log rows hold the plugin's metrics and they are
 finite, the model card is written, and (score centering) the head mass is in (0, 1.0001]; a LUSPO recipe logs its
 settings line instead of metrics. One line per recipe
-with its wall time, then PASS or FAIL; exit code 0, or 1 when a recipe failed.
+with its wall time, then PASS or FAIL, and below it one line per feature the run logged (the coefficient, group
+shaping, score centering): whether it acted, and when it never did, why and what would make it act
+(``tools.acted``); exit code 0, or 1 when a recipe failed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import yaml
 from trl_length_plugin.offline.command import Parser
 from trl_length_plugin.plugin_keys import KEY_FAMILIES
 from trl_length_plugin.recipes import trl_recipes
+from trl_length_plugin.tools.acted import acted_lines
 from trl_length_plugin.tools.sessions import interrupt_on_ending_signals, run_session
 
 PROG = "trl-length recipe-smoke"
@@ -189,7 +192,9 @@ def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root:
     seconds = time.monotonic() - started
     found = [stage + problem for problem in problems(done, output, recipe)]
     verdict = "PASS" if not found else "FAIL: " + "; ".join(found)
-    return not found, f"{name:<28} {seconds:6.0f} s  {verdict}"
+    rows = [row for row in log_rows(done.stdout) if "loss" in row]
+    acted = acted_lines(rows, float(recipe.get("length_penalty_min_tokens") or 0))
+    return not found, "\n    ".join([f"{name:<28} {seconds:6.0f} s  {verdict}", *acted])
 
 
 def main(argv: list[str] | None = None) -> None:

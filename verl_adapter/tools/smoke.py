@@ -7,8 +7,11 @@ It keeps every algorithm, loss and plugin key of the configuration and replaces 
 what it replaced. ``trl-length verl-check``'s checks run first. The run is its own process session under a
 hard time limit: on every exit (success, failure, Ctrl-C, timeout) each process of that session is ended by
 its id and the ``/dev/shm`` weight segments it left are removed. It ends with one screen: per step the reward,
-the response length, the plugin's metrics, the loss and grad norm, then PASS, or FAIL with the first error
-line and the process it came from. Exit code 0 (PASS), 1 (FAIL), 2 (a config error).
+the response length, the plugin's metrics, the loss and grad norm; per feature the run logged (the coefficient,
+group shaping, score centering) whether it acted, and when it never did, why and what would make it act
+(``trl_length_plugin.tools.acted``); then PASS, or FAIL with the first error line and the process it came from.
+``--run-dir`` is a new or empty folder, or one of an earlier run: a folder of other files is refused. Exit code
+0 (PASS), 1 (FAIL), 2 (a config error).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trl_length_plugin.offline.command import Parser
+from trl_length_plugin.tools.acted import acted_lines
 from trl_length_plugin.tools.sessions import ENDING_SIGNALS, end_session, interrupt_on_ending_signals
 from verl_adapter.tools.check import CheckError, one_line, overrides_errors, recipe_overrides, split_scripts
 from verl_adapter.tools.smoke_config import SmokeConfigError, cpu_overrides, model_path, user_value
@@ -271,6 +275,9 @@ def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> i
             outcome.log.read_text(errors="replace").splitlines()
         ):
             say(line)
+        floor = user_value(user, "length_penalty_min_tokens")
+        for line in acted_lines(list(outcome.metrics.values()), float(floor or 0)):
+            say(f"[{PROG}] {line}")
         problem = outcome.error or (
             verdict(outcome.metrics, args.steps, plugin_used(user))
             if outcome.code == 0
