@@ -165,6 +165,13 @@ def test_a_term_that_would_break_the_built_ins_is_refused_in_one_line(declared, 
     assert "\n" not in str(refused.value) and [term.name for term in terms()] == before
 
 
+@pytest.mark.parametrize("name", ["", "  ", None])
+def test_a_term_without_a_name_is_refused(name):
+    """Issue 42: an empty name registered a term whose single output was named ``''``."""
+    with pytest.raises(ValueError, match=r"^length term: a name is needed \(a non-empty string\), got "):
+        register_term(name, kind="additive", order=99, parameters={}, switches=())
+
+
 def test_an_installed_term_that_would_break_the_built_ins_is_one_line_at_the_command_line(tmp_path):
     """Issue 42: through an entry point, the refusal reached the command line as a traceback."""
     package = tmp_path / "bad_terms"

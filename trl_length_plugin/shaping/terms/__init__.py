@@ -253,6 +253,8 @@ def register_term(
 ) -> Callable[[Compute], Compute]:
     """Decorator registering ``compute(view, inputs) -> {output: tensor}`` as a length term (see the module
     docstring for what each declaration means); ``outputs`` defaults to ``(name,)``."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"length term: a name is needed (a non-empty string), got {name!r}")
     if kind not in KINDS:
         raise ValueError(f"length term {name!r}: kind must be one of {KINDS}, got {kind!r}")
     if not set(switches) <= set(parameters):
