@@ -431,6 +431,17 @@ def test_demo_parses_its_task():
         demo.parse_args(["--task", "chess"])
 
 
+@pytest.mark.parametrize("steps", ["0", "-1"])
+def test_the_demo_refuses_steps_below_one_in_one_line(steps, capsys):
+    """Issue 42: ``--steps 0`` or ``-1`` became TRL's ``max_steps`` (<= 0: train by epochs, for hours)."""
+    with pytest.raises(SystemExit) as ended:
+        demo.parse_args(["--steps", steps])
+    assert ended.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"python -m trl_length_plugin.tools.demo: error: --steps: at least 1, got {steps}"
+    ]
+
+
 def test_reasoning_task_trains_on_level_blocks_and_keeps_held_out_problems_apart():
     task = tasks.REASONING
     train, held_out = task.training_set(0), task.held_out()

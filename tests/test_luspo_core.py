@@ -133,10 +133,12 @@ def test_empty_rows_count_in_default_denominator_only():
     assert torch.isfinite(metrics["luspo/seq_ratio_mean"])
 
 
-def test_rejects_non_positive_num_sequences():
+@pytest.mark.parametrize("count", [0, -1, float("inf"), float("nan")])
+def test_rejects_a_sequence_count_that_is_not_finite_and_positive(count):
+    """Issue 42: ``num_sequences=inf`` gave a loss of 0 and no gradient, silently."""
     log_prob, old, advantages, mask = random_batch(2, 3, seed=6)
-    with pytest.raises(ValueError, match="num_sequences"):
-        luspo_loss(log_prob, old, advantages, mask, 0.2, 0.2, num_sequences=0)
+    with pytest.raises(ValueError, match=r"num_sequences must be a finite number above 0, got"):
+        luspo_loss(log_prob, old, advantages, mask, 0.2, 0.2, num_sequences=count)
 
 
 @settings(max_examples=40, deadline=None)

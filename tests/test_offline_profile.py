@@ -276,3 +276,16 @@ def test_bad_flags_exit_2_with_one_line(flags, message, tmp_path, capsys):
     status, _, err = profile(capsys, rollouts, "-o", tmp_path / "o.jsonl", *flags)
     assert status == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith("trl-length profile: error: ") and message in err
+
+
+def test_a_row_with_a_key_written_twice_is_skipped_and_named(tmp_path, capsys):
+    """Issue 42: a JSONL row that writes a key twice (``"reward": 1, ..., "reward": 0``) was read with the second
+    value, silently; which one the user meant is unknown, so the row is skipped and the key named."""
+    good = [json.dumps(row) for row in ROWS[:5]]
+    twice = good[1][:-1] + ', "reward": 0}'
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text("\n".join([good[0], twice, *good[2:]]) + "\n")
+    status, stdout, stderr = profile(capsys, rollouts, "-o", tmp_path / "profiled.jsonl", *RULES)
+    assert status == 0
+    assert f"trl-length profile: {rollouts}: line 2: key 'reward' written twice (values" in stderr
+    assert "rows skipped: 1 (" in stdout

@@ -155,3 +155,173 @@ def test_the_overthinking_model_is_the_base_with_the_shipped_adapter_merged(smol
     torch.testing.assert_close(merged[name], base[name] + scale * b @ a, rtol=0, atol=1e-6)
     assert torch.equal(merged["model.norm.weight"], base["model.norm.weight"])  # not adapted
     assert transformers.AutoTokenizer.from_pretrained(folder).eos_token == "<|im_end|>"
+
+
+def run_recipe_smoke(*args: str, **env: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "trl_length_plugin.tools.commands", "recipe-smoke", *args]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+
+
+def model_folder_with(tmp_path: Path, config: str | None, weights: bytes | None) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(config)
+    if weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+#: a safetensors file of one float32 tensor of 4 values (its header declares 16 bytes of data)
+HEADER = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+WEIGHTS = len(HEADER).to_bytes(8, "little") + HEADER + bytes(16)
+
+
+@pytest.mark.parametrize(
+    ("config", "weights", "problem"),
+    [
+        (None, WEIGHTS, "no config.json"),
+        ("", WEIGHTS, "config.json is not a JSON object"),
+        ("[1, 2]", WEIGHTS, "config.json is not a JSON object"),
+        ("{}", WEIGHTS, "config.json names no model_type"),
+        ('{"model_type": "llama"}', None, "no weights (*.safetensors or *.bin)"),
+        (
+            '{"model_type": "llama"}',
+            WEIGHTS[:-3],
+            f"model.safetensors: {len(WEIGHTS) - 3} bytes, its header needs {len(WEIGHTS)} (truncated?)",
+        ),
+        ('{"model_type": "llama"}', b"\x05\x00\x00\x00\x00\x00\x00\x00oops!", "not a safetensors file"),
+    ],
+)
+def test_a_broken_model_folder_is_one_line_before_anything_runs(tmp_path, config, weights, problem):
+    """Issue 42: ``recipe-smoke --model`` took any path and failed late, with a traceback, on a missing folder or
+    a malformed ``config.json`` or weights; it now says what is wrong in one line before it runs a recipe."""
+    folder = model_folder_with(tmp_path, config, weights)
+    done = run_recipe_smoke("group_relative", "--model", str(folder))
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"trl-length recipe-smoke: error: --model: {folder} is not a local model folder (")
+    assert problem in line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "0"], "--steps: at least 1, got 0"),
+        (["--steps", "-1"], "--steps: at least 1, got -1"),
+        (["--model", "/nonexistent"], "--model: /nonexistent is not a local model folder (no such folder)"),
+        (["chess"], "no recipe named chess; `trl-length recipes` lists them"),
+    ],
+)
+def test_recipe_smoke_bounds_its_arguments_in_one_line(args, message):
+    """Issue 42: ``--steps 0`` or ``-1`` said PASS (nothing trained)."""
+    done = run_recipe_smoke(*args)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (
+        2,
+        [f"trl-length recipe-smoke: error: {message}"],
+    )
+
+
+def test_an_unwritable_cache_is_one_line_before_the_build(tmp_path):
+    (tmp_path / "file").write_text("")
+    cache = tmp_path / "file" / "cache"
+    done = run_recipe_smoke("group_relative", "--model", "embedded", TRL_LENGTH_PLUGIN_CACHE=str(cache))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"trl-length recipe-smoke: error: --model: model cache {cache}: cannot write there (Not a directory); "
+        "set TRL_LENGTH_PLUGIN_CACHE to a writable folder"
+    ]
+
+
+def test_a_damaged_cache_folder_is_built_again(tmp_path, monkeypatch):
+    """Issue 42: a cache folder with a truncated weights file, an empty ``config.json`` or none was taken as
+    built; a build is complete only once its folder verifies (``folder_problem``), and is verified on use."""
+    from trl_length_plugin.embedded import embedded_model_dir
+    from trl_length_plugin.embedded.model import CACHED_FILES, folder_problem
+
+    monkeypatch.setenv("TRL_LENGTH_PLUGIN_CACHE", str(tmp_path))
+    folder = embedded_model_dir(warm_start=False)
+    weights = (folder / "model.safetensors").read_bytes()
+    damages = {
+        "truncated weights": lambda: (folder / "model.safetensors").write_bytes(weights[: len(weights) // 2]),
+        "an empty config.json": lambda: (folder / "config.json").write_text(""),
+        "no config.json": lambda: (folder / "config.json").unlink(),
+        "no tokenizer": lambda: (folder / "tokenizer_config.json").unlink(),
+    }
+    for damage in damages.values():
+        damage()
+        assert folder_problem(folder, CACHED_FILES) is not None
+        assert embedded_model_dir(warm_start=False) == folder
+        assert folder_problem(folder, CACHED_FILES) is None
+        assert (folder / "model.safetensors").read_bytes() == weights
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no staging folder left
+
+
+def processes_naming(text: str) -> list[int]:
+    """The live processes whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                stat = (entry / "stat").read_text()
+                if text.encode() in (entry / "cmdline").read_bytes() and stat.split(")")[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_hung_run_is_ended_with_all_its_children(tmp_path):
+    """Issue 42: ``subprocess.run``'s time limit killed the trainer only; its children ran on."""
+    from trl_length_plugin.tools.sessions import run_session
+
+    mark = str(tmp_path / "hung-child")
+    script = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {mark!r}])\ntime.sleep(300)\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_session([sys.executable, "-c", script], 3)
+    assert processes_naming(mark) == []
+
+
+def test_ctrl_c_in_recipe_smoke_is_one_line_and_ends_the_run(tmp_path):
+    """Issue 42: Ctrl-C printed a traceback. Now one line, exit 1, and the recipe's trainer (its own session)
+    is ended."""
+    import shutil
+    import signal
+    import time
+
+    from trl_length_plugin.embedded import embedded_model_dir
+
+    model = shutil.copytree(embedded_model_dir(task="reasoning"), tmp_path / "interrupted-model")
+    command = [sys.executable, "-m", "trl_length_plugin.tools.commands", "recipe-smoke", "group_relative"]
+    smoke = subprocess.Popen(
+        [*command, "--model", str(model)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert "1 recipe(s) on" in smoke.stdout.readline()
+    deadline = time.monotonic() + 60
+    while not processes_naming(f"--model_name_or_path\0{model}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    smoke.send_signal(signal.SIGINT)
+    out, err = smoke.communicate(timeout=60)
+    assert (smoke.returncode, err.strip().splitlines()) == (1, ["trl-length recipe-smoke: interrupted"])
+    assert processes_naming(str(model)) == []
+
+
+def test_recipe_smoke_says_when_a_feature_never_acted(tmp_path):
+    """Issue 42, class 6: the coefficient recipe's one step passes while its warm-up holds the coefficient at 0,
+    so it penalizes nothing; PASS stays (the mechanics ran) and the line below it says so, and why."""
+    from trl_length_plugin.embedded import embedded_model_dir
+
+    done = run_recipe_smoke("coefficient_cpu", "--model", str(embedded_model_dir(task="reasoning")))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("coefficient_cpu"))
+    assert lines[at].endswith("PASS")
+    assert lines[at + 1] == (
+        "    length coefficient: never acted: the coefficient was 0 at every step (its warm-up or schedule); "
+        "train past them or raise length_penalty_coeff"
+    )

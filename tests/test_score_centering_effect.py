@@ -131,7 +131,9 @@ def test_enumeration_matches_the_float64_loop_reference(spec, sampling, replay, 
         torch.testing.assert_close(getattr(effect, name), want, rtol=0, atol=1e-12, msg=name)
     for name, index in (("variance", 3), ("head_mass", 4), ("train_head_mass", 5), ("rho", 6)):
         want = torch.tensor([row[index] for row in expected], dtype=torch.float64)
-        torch.testing.assert_close(getattr(effect, name), want, rtol=1e-12, atol=1e-12, msg=name)
+        # rho: a head of the whole vocabulary leaves tails of float64 rounding (1e-16) over the floor 1e-6
+        atol = 1e-9 if name == "rho" else 1e-12
+        torch.testing.assert_close(getattr(effect, name), want, rtol=1e-12, atol=atol, msg=name)
 
 
 def test_top_p_keeps_the_smallest_set_reaching_the_mass():

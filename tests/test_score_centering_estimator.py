@@ -454,3 +454,27 @@ def test_per_sequence_advantages_broadcast():
     )
     with pytest.raises(ValueError, match="broadcast"):
         run(lp, lq, mask, "adaptive-ppo-clip", False, advantages[:1, :3])
+
+
+def test_the_tail_ratio_has_no_cancellation_where_the_head_holds_nearly_all_the_mass():
+    """Issue 42: rho read 1 - sum_H p off a float32 sum, which cancels to a few ulps of 1 where one token holds
+    nearly all the mass (the embedded model on-policy read rho_mean 0.63). The tails come from the head's
+    X"""
+    policy = torch.tensor([[[-1.3e-6, -30.0, -31.0]]], dtype=torch.float32)
+    sampler = torch.tensor([[[-1.1e-6, -30.5, -31.0]]], dtype=torch.float32)
+
+    def tail(row):
+        return -math.expm1(math.log(math.fsum(math.exp(float(v)) for v in row)))
+
+    exact = tail(sampler[0, 0]) / max(tail(policy[0, 0]), 1e-6)
+    assert 0.8 < exact < 0.9
+    metrics = estimator.score_centering_metrics(
+        policy,
+        sampler_topk_logprobs=sampler,
+        correction=torch.zeros(1, 1),
+        token_mask=torch.ones(1, 1, dtype=torch.bool),
+        sampler_replay=False,
+    )
+    assert metrics["score_centering/rho_mean"].item() == pytest.approx(exact, rel=1e-6)  # a float32 result
+    float32 = (1 - sampler.exp().sum(-1)) / (1 - policy.exp().sum(-1)).clamp(min=1e-6)
+    assert abs(float32.item() / exact - 1) > 0.01  # what the old sum gave

@@ -4,6 +4,7 @@ listed (rank-less) server logprobs, against hand-computed values and the other e
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -17,7 +18,7 @@ from trl_length_plugin.score_centering.capture import (
     extract_score_centering_samples,
 )
 from trl_length_plugin.score_centering.config import ScoreCenteringConfig
-from trl_length_plugin.score_centering.controller import AdaptiveClipController
+from trl_length_plugin.score_centering.controller import STATE_FILE, AdaptiveClipController
 from trl_length_plugin.score_centering.estimator import sampled_token_weights
 
 
@@ -156,3 +157,33 @@ def test_listed_extractor_checks(sampled, logprobs, token_ids, check):
         extract_listed_score_centering_samples(sampled, logprobs, token_ids, 2)
     assert info.value.check == check
     assert "of completion 5" in str(info.value.of_completion(5))
+
+
+#: a controller's saved state
+STATE = dict(k=0.1, target=0.25, delta=0.1, k_min=0.0, k_max=0.15, clipped=0.0, positive=0.0)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("{not json", "Expecting property name"),
+        ("[]", "a controller state holds exactly"),
+        ('{"k": 0.1}', "a controller state holds exactly"),
+        (json.dumps({**STATE, "k": "0.1"}), "k must be a finite number, got '0.1'"),
+        (json.dumps({**STATE, "delta": float("nan")}), "delta must be a finite number, got nan"),
+        (json.dumps({**STATE, "k": 0.5}), "k=0.5 is outside [k_min, k_max] = [0.0, 0.15]"),
+    ],
+)
+def test_a_corrupted_controller_state_is_one_line_and_never_half_taken(tmp_path, content, why):
+    """Issue 42: a corrupted or malformed state file in a checkpoint gave a traceback on resume (a JSON error),
+    or was taken as it was (a string k, unknown keys, k outside its bounds)."""
+    (tmp_path / STATE_FILE).write_text(content)
+    controller = AdaptiveClipController(**STATE)
+    with pytest.raises(ValueError) as raised:
+        controller.restore(str(tmp_path))
+    message = str(raised.value)
+    assert "\n" not in message and why in message
+    assert message.startswith(
+        f"score centering: the checkpoint's controller state {tmp_path / STATE_FILE} is unreadable"
+    )
+    assert controller == AdaptiveClipController(**STATE)

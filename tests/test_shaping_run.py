@@ -157,3 +157,21 @@ def test_log_step_builds_the_records_only_where_they_are_written(caplog, monkeyp
     with caplog.at_level(logging.WARNING, logger="trl_length_plugin"):
         run.log_step(result, 3)
     assert built == []
+
+
+def test_a_corrupted_schedule_state_is_a_warning_and_the_schedule_follows_the_step(caplog, tmp_path):
+    """Issue 42: a corrupted or malformed schedule state in a checkpoint gave a traceback on resume; it is a
+    record only (the schedule continues by the step), so it is a one-line warning like a missing one."""
+    schedule = [{"key": "length_penalty_coeff", "stages": [{"until_step": 4, "value": 0.25}]}]
+    run = ShapingRun(load_shaping_config({**COEFF, "length_schedule": schedule}))
+    for content, why in (("{not json", "Expecting property name"), ("[1]", "not a JSON object")):
+        (tmp_path / STATE_FILE).write_text(content)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="trl_length_plugin"):
+            run.resume(str(tmp_path), 2)
+        [record] = caplog.records
+        assert record.levelname == "WARNING" and "\n" not in record.getMessage()
+        assert record.getMessage().startswith(
+            f"trl-length-plugin: length_schedule: {tmp_path / STATE_FILE} is unreadable ("
+        )
+        assert why in record.getMessage() and record.getMessage().endswith("the schedule continues by step 2")

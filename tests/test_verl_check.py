@@ -25,6 +25,7 @@ from trl_length_plugin.recipes import RECIPES_DIR  # noqa: E402
 from verl_adapter.tools.check import CheckError, recipe_overrides  # noqa: E402
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
 RECIPES = RECIPES_DIR / "verl"
 PROG = "trl-length verl-check: error: "
 #: per shipped recipe: an override as written, its misspelling, and the key the error must name
@@ -237,3 +238,38 @@ def test_a_binary_or_non_utf8_script_is_one_line_naming_the_file(tmp_path, conte
         timeout=300,
     )
     assert done.returncode == 2 and done.stderr.splitlines() == [f"{PROG}{script}: {message}"], done.stderr
+
+
+def test_a_hanging_recipe_script_leaves_no_process(tmp_path, monkeypatch):
+    """Issue 42: a recipe script that hangs before its training command was killed at the time limit, but its
+    children ran on; the script's whole process session is ended now, and the error is one line."""
+    from verl_adapter.tools import check
+
+    pid_file = tmp_path / "child"
+    script = tmp_path / "hangs.bash"
+    script.write_text(f"sleep 300 &\necho $! > {pid_file}\nsleep 300\npython3 -m verl.trainer.main_ppo x=1\n")
+    monkeypatch.setattr(check, "SCRIPT_TIMEOUT_S", 2)
+    with pytest.raises(
+        CheckError, match=r"hangs.bash: could not run it with bash: Command .* timed out after 2"
+    ):
+        recipe_overrides(script, [])
+    child = int(pid_file.read_text())
+    assert (
+        not Path(f"/proc/{child}").exists()
+        or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
+    )
+
+
+def test_a_bash_recipe_is_a_recipe_not_an_override(tmp_path):
+    """Issue 42: ``RECIPE.bash`` was read as a Hydra override."""
+    script = tmp_path / "mine.bash"
+    script.write_text("python3 -m verl.trainer.main_ppo +length_penalty_coef=0.5\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "trl_length_plugin.tools.commands", "verl-check", str(script)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert (
+        f"trl-length verl-check: error: {script}: length_penalty_coef: unknown trl-length-plugin key; "
+        "did you mean 'length_penalty_coeff'?"
+    ) in done.stderr.splitlines()

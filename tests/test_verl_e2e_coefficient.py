@@ -33,4 +33,5 @@ def test_coefficient_zero_std_filter_and_per_rollout_terms(tmp_path):
             assert f"length_penalty/{key}" in row, key
     assert all(row["length_penalty/coeff"] == 0.5 for row in metrics.values())
     assert max(row["length_penalty/coeff_penalized_frac"] for row in metrics.values()) > 0
+    assert "[trl-length verl-smoke] length coefficient: acted (it penalized up to" in done.stdout  # issue 42
     assert "Length penalty:" in done.stdout and "Length penalty:" in log

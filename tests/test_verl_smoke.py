@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 
 from trl_length_plugin.recipes import RECIPES_DIR
+from trl_length_plugin.tools.sessions import end_session, session_processes
 from verl_adapter.tools import smoke, smoke_config
 from verl_adapter.tools.check import recipe_overrides
 from verl_adapter.tools.smoke import (
     cpu_overrides,
-    end_session,
     first_error,
     leftover_segments,
     run_segments,
     screen,
-    session_processes,
     train,
     verdict,
 )
@@ -215,9 +214,16 @@ def test_a_bad_plugin_key_is_one_line_before_ray_starts():
     [
         (
             ["--model", "/nonexistent"],
-            "--model: /nonexistent is not a local model folder (no config.json); use embedded",
+            "--model: /nonexistent is not a local model folder (no such folder); use embedded",
         ),
         (["missing.sh"], "missing.sh: no such recipe script"),
+        # issue 42: a bash recipe by its other ending is a script, not a Hydra override
+        (["missing.bash"], "missing.bash: no such recipe script"),
+        # issue 42: a limit that never ends a run (nan) or ends it before it starts
+        *[
+            (["--timeout", value], f"argument --timeout: a number of seconds above 0 expected, got {value!r}")
+            for value in ("nan", "inf", "0", "-5", "soon")
+        ],
     ],
 )
 def test_bad_command_lines_are_one_line(args, message):
@@ -308,3 +314,41 @@ def processes_in(run_dir: Path) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_a_run_folder_of_the_users_files_is_refused_and_left_as_it_was(tmp_path):
+    """Issue 42: ``--run-dir`` on a folder of the user's own files replaced its ``data/train.parquet`` and deleted
+    the rest; the command now refuses it in one line before it starts, and writes nothing there."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"the user's data")
+    (tmp_path / "main_ppo.log").write_text("the user's log")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    done = run_smoke("+length_penalty_coeff=0.5", "--run-dir", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"trl-length verl-smoke: error: --run-dir: {tmp_path} holds files this command did not write; "
+        "give a new or empty folder"
+    ]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "data" / "train.parquet").read_bytes() == b"the user's data"
+    file = tmp_path / "main_ppo.log"
+    done = run_smoke("+length_penalty_coeff=0.5", "--run-dir", str(file))
+    assert done.stderr.strip().splitlines() == [
+        f"trl-length verl-smoke: error: --run-dir: {file} is a file, not a folder"
+    ]
+
+
+def test_the_command_writes_only_into_its_own_run_folders(tmp_path):
+    """A new or empty folder becomes a run folder (marked), which a later run may write into again; a place
+    that cannot be written is one line."""
+    new = smoke.claim_run_dir(tmp_path / "new" / "run")
+    assert new == tmp_path / "new" / "run" and (new / smoke.RUN_MARK).is_file()
+    (new / "main_ppo.log").write_text("an earlier run's log")
+    assert smoke.claim_run_dir(new) == new
+    (tmp_path / "empty").mkdir()
+    assert smoke.claim_run_dir(tmp_path / "empty") == tmp_path / "empty"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(
+        smoke.SmokeConfigError, match=r"--run-dir: cannot write into .*file/run \(Not a directory\)"
+    ):
+        smoke.claim_run_dir(tmp_path / "file" / "run")

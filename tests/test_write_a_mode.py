@@ -184,3 +184,47 @@ def test_every_list_of_the_modes_in_the_docs_is_the_registrys():
         assert [name for name in re.findall(r"`([\w-]+)`", line) if name in mode_names()] == list(
             mode_names()
         )
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        (
+            ImportanceSampling("", half_coefficients, half_weights),
+            "a name is needed (a non-empty string), got ''",
+        ),
+        (ImportanceSampling("  ", half_coefficients, half_weights), "a name is needed"),
+        (
+            ImportanceSampling("no-fn", None, half_weights),
+            "'no-fn': its coefficients and weights must be functions",
+        ),
+        (
+            ImportanceSampling("no-fn", half_coefficients, None),
+            "'no-fn': its coefficients and weights must be",
+        ),
+        (
+            ImportanceSampling("odd", half_coefficients, half_weights, bounds="clamp"),
+            "'odd': bounds must be one of ('none', 'host', 'clip'), got 'clamp'",
+        ),
+    ],
+)
+def test_a_mode_that_cannot_run_is_refused_at_registration(mode, message):
+    """Issue 42: a mode with no name, no functions or an unknown bounds kind was registered and failed later,
+    in the middle of a step (or never resolved)."""
+    before = mode_names()
+    with pytest.raises(ValueError) as refused:
+        register_mode(mode)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert mode_names() == before
+
+
+def test_the_packages_own_modes_cannot_be_unregistered():
+    """Issue 42: ``unregister_mode`` removed a built-in mode, which the config, the hosts and their checks name."""
+    for name in ("tis", "adaptive-ppo-clip"):
+        with pytest.raises(
+            ValueError, match=f"'{name}' is one of the package's own; it cannot be unregistered"
+        ):
+            unregister_mode(name)
+        assert get_mode(name).name == name
+    with pytest.raises(ValueError, match="'half-is' is not registered; registered: "):
+        unregister_mode("half-is")

@@ -15,13 +15,14 @@ import pkgutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from trl_length_plugin.shaping import LengthPenaltyConfig, LengthPenaltyParams, PromptColumn, metadata_columns
 from trl_length_plugin.shaping import terms as terms_package
-from trl_length_plugin.shaping.terms import ENTRY_POINT_GROUP, register_term, terms
+from trl_length_plugin.shaping.terms import ENTRY_POINT_GROUP, Parameter, register_term, terms
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_TERMS = ("tax", "budget", "window")
@@ -116,3 +117,84 @@ def test_the_guides_table_lists_the_registered_terms_in_order():
     assert set(table) == {term.kind for term in terms()}
     for kind, listed in table.items():
         assert listed.strip() == ", ".join(f"{term.name} ({term.order})" for term in terms(kind)), kind
+
+
+#: a key of a toy term that is not switched on by default
+def toy_key(default=0.0, annotation=float) -> Parameter:
+    return Parameter(annotation, default, "a toy key")
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        ({"parameters": {"enabled": toy_key(True, bool)}}, "key 'enabled' is a key every agent block shares"),
+        (
+            {"parameters": {"top_percentile": toy_key(0.5)}},
+            "key 'top_percentile' is a key every agent block shares",
+        ),
+        ({"parameters": {"cosine": toy_key()}}, "key 'cosine' is another term's output"),
+        ({"parameters": {"group_total": toy_key()}}, "key 'group_total' is another term's output"),
+        ({"outputs": ("overlong",)}, "its outputs ['overlong'] must be new names, each once"),
+        ({"outputs": ("cosine_max_length",)}, "its outputs ['cosine_max_length'] must be new names"),
+        ({"outputs": ("toy_a", "toy_a")}, "its outputs ['toy_a', 'toy_a'] must be new names, each once"),
+        (
+            {"parameters": {"toy_rate": toy_key(-1.0, Annotated[float, Field(ge=0)])}},
+            "key 'toy_rate': its default -1.0 breaks its own type or constraints (Input should be greater than or",
+        ),
+        (
+            {"parameters": {"toy_mode": toy_key("c", Literal["a", "b"])}},
+            "key 'toy_mode': its default 'c' breaks its own",
+        ),
+        (
+            {"columns": (PromptColumn("reward", float, "x"),)},
+            "must be new dataset column names (not one a host or tool",
+        ),
+        ({"columns": (PromptColumn("prompt_id", float, "x"),)}, "must be new dataset column names"),
+    ],
+)
+def test_a_term_that_would_break_the_built_ins_is_refused_in_one_line(declared, message):
+    """Issue 42: a term's key named like a shared key or another term's output, an output named like another
+    term's, a default its own constraints refuse or a column a tool reads was registered, and broke the
+    built-ins (the agent block's keys, the verbose records' columns, the offline tools' rows) or the config."""
+    before = [term.name for term in terms()]
+    with pytest.raises(ValueError) as refused:
+        register_term("toy_bad", kind="additive", order=99, switches=(), **{"parameters": {}, **declared})(
+            lambda view, inputs: {}
+        )
+    assert str(refused.value).startswith("length term 'toy_bad': ") and message in str(refused.value)
+    assert "\n" not in str(refused.value) and [term.name for term in terms()] == before
+
+
+@pytest.mark.parametrize("name", ["", "  ", None])
+def test_a_term_without_a_name_is_refused(name):
+    """Issue 42: an empty name registered a term whose single output was named ``''``."""
+    with pytest.raises(ValueError, match=r"^length term: a name is needed \(a non-empty string\), got "):
+        register_term(name, kind="additive", order=99, parameters={}, switches=())
+
+
+def test_an_installed_term_that_would_break_the_built_ins_is_one_line_at_the_command_line(tmp_path):
+    """Issue 42: through an entry point, the refusal reached the command line as a traceback."""
+    package = tmp_path / "bad_terms"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "from trl_length_plugin.shaping.terms import Parameter, register_term\n"
+        "register_term('toy_shared', kind='additive', order=50, switches=('enabled',),\n"
+        "              parameters={'enabled': Parameter(bool, False, 'x')})(lambda view, inputs: {})\n"
+    )
+    env = entry_point(tmp_path, "bad_terms")
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text('{"prompt_id": 0, "completion": "a", "reward": 1}\n')
+    command = [sys.executable, "-m", "trl_length_plugin.tools.commands", "preview", str(rollouts)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"trl-length preview: error: {ENTRY_POINT_GROUP} entry point 'toy' (bad_terms) failed to load: ValueError: "
+        "length term 'toy_shared': key 'enabled' is a key every agent block shares; choose another name"
+    ]
+
+
+def test_the_shared_keys_are_the_agent_blocks():
+    from trl_length_plugin.shaping.config import SharedParams
+    from trl_length_plugin.shaping.terms import SHARED_KEYS
+
+    assert tuple(SharedParams.model_fields) == SHARED_KEYS

@@ -234,7 +234,7 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arit
     name = "tiny-qwen2" if task == "arithmetic" else f"tiny-qwen2-{task}"
     state = "warm" if warm_start else "random"
     target = cache_root() / f"{name}-{state}-{_build_key(seed, warm_start, task)}"
-    if (target / "config.json").exists():
+    if cached(target):
         return target
     torch = require("torch", "trl")
     tokenizer = build_tokenizer(seed, task)
@@ -254,15 +254,102 @@ def embedded_model_dir(warm_start: bool = True, seed: int = 0, task: str = "arit
     return save_to_cache(target, model, tokenizer)
 
 
-def save_to_cache(target: Path, model, tokenizer) -> Path:
-    """Save ``model`` and ``tokenizer`` as the cache folder ``target`` in one rename (a folder another process
-    built at the same time is kept)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+def safetensors_tensors(file: Path) -> dict[str, dict]:
+    """The tensors a safetensors file's header declares (name -> dtype, shape, data_offsets); ``ValueError``
+    when the header is unreadable or the file is not as long as the header says (truncated or padded)."""
+    with open(file, "rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        try:
+            header = json.loads(handle.read(size))
+            tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+            end = max((int(t["data_offsets"][1]) for t in tensors.values()), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            raise ValueError(f"{file.name}: not a safetensors file (unreadable header)") from None
+    if file.stat().st_size != 8 + size + end:
+        raise ValueError(
+            f"{file.name}: {file.stat().st_size} bytes, its header needs {8 + size + end} (truncated?)"
+        )
+    return tensors
+
+
+def folder_problem(folder: Path, needs: tuple[str, ...] = ()) -> str | None:
+    """What keeps ``folder`` from being a complete model folder, or None: a ``config.json`` that is not a JSON
+    object naming its ``model_type``, no weights, a safetensors file whose header is unreadable or whose length
+    is not the header's, a missing file of ``needs``."""
+    if not folder.is_dir():
+        return "no such folder"
+    config = folder / "config.json"
     try:
-        staging.rename(target)
-    except OSError:  # built concurrently by another process: keep theirs
+        model_type = json.loads(config.read_text()).get("model_type")
+    except FileNotFoundError:
+        return "no config.json"
+    except (OSError, ValueError, AttributeError):
+        return "config.json is not a JSON object"
+    if not isinstance(model_type, str) or not model_type:
+        return "config.json names no model_type"
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights and not any(f.stat().st_size for f in folder.glob("*.bin")):
+        return "no weights (*.safetensors or *.bin)"
+    for file in weights:
+        try:
+            safetensors_tensors(file)
+        except (OSError, ValueError) as err:
+            return str(err)
+    missing = [name for name in needs if not (folder / name).is_file()]
+    return f"no {missing[0]}" if missing else None
+
+
+def local_model_folder(path: str) -> Path:
+    """The complete model folder at ``path`` (:func:`folder_problem`); ``ValueError`` saying what is wrong."""
+    folder = Path(path).expanduser()
+    problem = folder_problem(folder)
+    if problem:
+        raise ValueError(f"{path} is not a local model folder ({problem})")
+    return folder.resolve()
+
+
+#: the files a cache folder holds besides its config and weights
+CACHED_FILES = ("tokenizer_config.json",)
+
+
+def cached(target: Path) -> bool:
+    """Whether the cache folder ``target`` is complete (:func:`folder_problem`). An incomplete one (damaged,
+    truncated) is removed, to be built again; a cache that cannot be written is then an ``OSError`` of one line
+    naming ``$TRL_LENGTH_PLUGIN_CACHE``, before the build."""
+    if target.exists():
+        problem = folder_problem(target, CACHED_FILES)
+        if problem is None:
+            return True
+        logger.warning("the cached model %s is incomplete (%s): building it again", target, problem)
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as err:
+        raise OSError(
+            f"model cache {target.parent}: cannot write there ({err.strerror or err}); set "
+            "TRL_LENGTH_PLUGIN_CACHE to a writable folder"
+        ) from None
+    return False
+
+
+def save_to_cache(target: Path, model, tokenizer) -> Path:
+    """Save ``model`` and ``tokenizer`` as the cache folder ``target`` (:func:`cached` said it is not there):
+    written into a staging folder, verified complete, then made ``target`` in one rename (a complete folder
+    another process built at the same time is kept)."""
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        problem = folder_problem(staging, CACHED_FILES)
+        if problem:
+            raise OSError(f"model cache {target}: the saved folder is incomplete ({problem})")
+        try:
+            staging.rename(target)
+        except OSError:  # built concurrently by another process: keep theirs where it is complete
+            if not cached(target):
+                staging.rename(target)
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trl_length_plugin._optional import require
-from trl_length_plugin.embedded.model import cache_root, save_to_cache
+from trl_length_plugin.embedded.model import cache_root, cached, save_to_cache
 
 logger = logging.getLogger("trl_length_plugin")
 
@@ -88,7 +88,7 @@ def real_model_dir(name: str = BASE) -> Path:
         return _adapted_dir(name)
     gguf = packaged_gguf(name)
     target = cache_root() / f"{name}-{_fingerprint(gguf)}"
-    if (target / "config.json").exists():
+    if cached(target):
         return target
     transformers = require("transformers", "trl")
     require("gguf", "test")
@@ -118,7 +118,7 @@ def _adapted_dir(name: str) -> Path:
     digest.update((adapter / "adapter_config.json").read_bytes())
     digest.update(weights.read_bytes())
     target = cache_root() / f"{name}-{digest.hexdigest()[:12]}"
-    if (target / "config.json").exists():
+    if cached(target):
         return target
     transformers = require("transformers", "trl")
     peft = require("peft", "trl")

@@ -15,6 +15,8 @@ Framework-free: torch only (docs/reference/product.md §1.2).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["luspo_loss"]
@@ -51,8 +53,8 @@ def luspo_loss(
     """
     if num_sequences is None:
         num_sequences = log_prob.shape[0]
-    if not num_sequences > 0:
-        raise ValueError(f"luspo_loss: num_sequences must be positive, got {num_sequences}")
+    if not (num_sequences > 0 and math.isfinite(num_sequences)):  # inf would zero the loss and its gradient
+        raise ValueError(f"luspo_loss: num_sequences must be a finite number above 0, got {num_sequences}")
     valid = response_mask.bool()
     lengths = valid.sum(-1)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages

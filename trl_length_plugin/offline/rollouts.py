@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trl_length_plugin.config_base import DuplicateKeyError, read_json
 from trl_length_plugin.offline.command import CommandError, first_line
+from trl_length_plugin.shaping import columns
 from trl_length_plugin.shaping.columns import AGENT_COLUMN
 
 #: the columns that describe one rollout (everything else in a row is prompt-level or ignored)
-ROLLOUT_COLUMNS = frozenset(
-    {"group", "completion", "reasoning_tokens", "answer_tokens", "completion_tokens", "reward"}
-)
+ROLLOUT_COLUMNS = frozenset(columns.ROLLOUT_COLUMNS)
 _CSV_NUMBERS = ("reward", "reasoning_tokens", "answer_tokens", "completion_tokens")
 CHUNK_ROWS = 4096
 SHOWN = 20  # skipped rows reported one by one; the rest are only counted
@@ -165,8 +165,13 @@ def _jsonl_rows(path: Path, skip_invalid: bool) -> Iterator[tuple[int, dict | st
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+            row = read_json(line)
+        except (
+            DuplicateKeyError
+        ) as err:  # json keeps the second silently: which one the user meant is unknown
+            yield number, str(err)
+            continue
+        except ValueError:
             yield number, "not valid JSON"
             continue
         if "\\ud" in line.lower() and _lone_surrogate(row):

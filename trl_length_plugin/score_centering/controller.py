@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import asdict, dataclass
 
@@ -97,8 +98,24 @@ class AdaptiveClipController:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        """Take a saved state: every field of the controller, each a finite number, k within [k_min, k_max];
+        ``ValueError`` (one line) for any other."""
+        names = set(asdict(self))
+        if not isinstance(state, dict) or set(state) != names:
+            raise ValueError(f"a controller state holds exactly {sorted(names)}, got {state!r:.200}")
+        bad = [
+            n
+            for n, v in state.items()
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+        ]
+        if bad:
+            raise ValueError(f"{bad[0]} must be a finite number, got {state[bad[0]]!r}")
+        if not state["k_min"] <= state["k"] <= state["k_max"]:
+            raise ValueError(
+                f"k={state['k']} is outside [k_min, k_max] = [{state['k_min']}, {state['k_max']}]"
+            )
         for name, value in state.items():
-            setattr(self, name, value)
+            setattr(self, name, float(value))
 
     def save(self, folder: str) -> None:
         """Write the state to ``folder/STATE_FILE`` (the folder is made when missing)."""
@@ -111,8 +128,15 @@ class AdaptiveClipController:
         path = os.path.join(folder, STATE_FILE)
         if not os.path.exists(path):
             return False
-        with open(path) as state:
-            self.load_state_dict(json.load(state))
+        try:
+            with open(path) as state:
+                self.load_state_dict(json.load(state))
+        except (OSError, ValueError) as err:  # a corrupted or hand-edited file: never half taken
+            message = " ".join(str(err).split())
+            raise ValueError(
+                f"score centering: the checkpoint's controller state {path} is unreadable ({message}); remove it "
+                "to restart the controller from k_init"
+            ) from None
         return True
 
     def restore(self, folder: str) -> None:

@@ -17,6 +17,8 @@ Conventions the document leaves open (docs/reference/score-centering.md §5.1 ke
   as empty, so their C, head masses and gradients are exactly zero whatever the inputs hold there.
 * A sampler head mass above 1 (the capture checks allow up to 1.0001, float rounding) leaves no sampler
   tail: the numerator of rho is clamped at 0.
+* Each tail, 1 - sum_H, is computed from the head's logprobs in float64 (-expm1 of their logsumexp), not by
+  subtracting a float32 sum of probabilities from 1, which cancels where the head holds nearly all the mass.
 * Under sampler replay p is the trainer's distribution renormalized over the sampler's kept set, the head
   holds all of it, and rho = 0: the coefficients are the table's with rho = 0 (no tail).
 * Bounds are inclusive: a ratio r is "in bounds" when lo <= r <= hi.
@@ -57,6 +59,12 @@ class _Head(NamedTuple):
     detached: Head  # detached p, sampler q, the slots and rho, as the modes read them
 
 
+def _tail(head_logprobs: torch.Tensor) -> torch.Tensor:
+    """1 - sum_H exp(l), the mass outside the head, as -expm1(logsumexp l) in float64: where the head holds nearly
+    all the mass, 1 - sum_H p in the logprobs' float32 cancels to a few ulps of 1 (issue 42); an empty head gives 1."""
+    return -torch.expm1(torch.logsumexp(head_logprobs.double(), -1))
+
+
 def _head(
     policy_logprobs: torch.Tensor,
     sampler_logprobs: torch.Tensor,
@@ -82,8 +90,9 @@ def _head(
     if sampler_replay:
         rho = torch.zeros_like(p[..., 0])
     else:
-        tail_q = (1.0 - q.sum(-1)).clamp(min=0.0)
-        rho = tail_q / (1.0 - p.sum(-1)).clamp(min=RHO_DENOMINATOR_FLOOR)
+        tail_q = _tail(torch.where(slots, sampler_logprobs.to(log_p.device), -math.inf)).clamp(min=0.0)
+        tail_p = _tail(torch.where(slots, log_p.detach(), -math.inf))
+        rho = (tail_q / tail_p.clamp(min=RHO_DENOMINATOR_FLOOR)).to(dtype)
     return _Head(log_p=log_p, detached=Head(p=p, q=q, slots=slots, rho=rho))
 
 

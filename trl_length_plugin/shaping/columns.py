@@ -22,6 +22,10 @@ AGENT_COLUMN = "agent"
 #: columns the hosts read for themselves (TRL's prompt and nested metadata, verl's data source, group id and
 #: ``extra_info``): a term's own column may not take their names
 HOST_COLUMNS = ("prompt", "completion", AGENT_COLUMN, "extra_env_info", "data_source", "uid", "extra_info")
+#: the columns of one rollout in the file ``trl-length profile`` and ``preview`` read (docs/profiles.md), and the
+#: prompt's id there: a term's own column may not take their names either
+ROLLOUT_COLUMNS = ("group", "completion", "reasoning_tokens", "answer_tokens", "completion_tokens", "reward")
+PROMPT_ID = "prompt_id"
 
 #: the parts of a prompt's metadata flagged malformed apart (``PromptMetadata.invalid``): each band channel,
 #: the profile, an unknown channel name and the target length

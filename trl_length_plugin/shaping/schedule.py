@@ -228,10 +228,16 @@ def resume_message(config: LengthShapingConfig, step: int, folder: str) -> tuple
         return None
     path = os.path.join(folder, STATE_FILE)
     now = schedule_state(config, step)
-    if not os.path.exists(path):
+    try:
+        with open(path) as state:
+            saved = json.load(state)
+        if not isinstance(saved, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
         return True, f"length_schedule: {path} not found; the schedule continues by step {step}"
-    with open(path) as state:
-        saved = json.load(state)
+    except (OSError, ValueError) as err:  # the state is a record only: the schedule follows the step
+        why = " ".join(str(err).split())
+        return True, f"length_schedule: {path} is unreadable ({why}); the schedule continues by step {step}"
     if saved.get("schedules") != now["schedules"]:
         return True, (
             f"length_schedule: the checkpoint's schedule {saved.get('schedules')} differs from the config's "

@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"trl-length: error: unknown subcommand {argv[0]!r} (choose from {choices})", file=sys.stderr)
         raise SystemExit(2)
     module, _ = SUBCOMMANDS[argv[0]]
-    importlib.import_module(module).main(argv[1:])
+    from trl_length_plugin.shaping.terms import TermLoadError
+
+    try:
+        importlib.import_module(module).main(argv[1:])
+    except TermLoadError as err:  # an installed package's term, refused at registration
+        print(f"trl-length {argv[0]}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from trl_length_plugin.embedded.tasks import (
     held_out_figures,
     sample,
 )
+from trl_length_plugin.offline.command import Parser
 
 #: the demo never reaches the Hub: these are set to 1 unless the caller set them
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -39,7 +40,7 @@ PLAIN_NAME = "plain GRPO"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m trl_length_plugin.tools.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=list(TASKS), default=DEFAULT_TASK.name, help="the embedded task")
     parser.add_argument("--steps", type=int, default=STEPS, help="GRPO optimizer steps")
     parser.add_argument(
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=2, help="runs trained at once")
     args = parser.parse_args(argv)
+    if args.steps < 1:  # 0 or -1 would train by epochs, for hours
+        parser.error(f"--steps: at least 1, got {args.steps}")
     default_dir = "outputs/demo" if args.task == DEFAULT_TASK.name else f"outputs/demo-{args.task}"
     args.output_dir = args.output_dir or default_dir
     return args

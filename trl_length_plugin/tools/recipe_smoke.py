@@ -7,12 +7,13 @@ writes, ``tasks.gsm8k_sample``), precision, vLLM's CPU settings and batch/length
 algorithm key is kept. Each run passes when it exits 0, its log rows hold the plugin's metrics and they are
 finite, the model card is written, and (score centering) the head mass is in (0, 1.0001]; a LUSPO recipe logs its
 settings line instead of metrics. One line per recipe
-with its wall time, then PASS or FAIL; exit code 0, or 1 when a recipe failed.
+with its wall time, then PASS or FAIL, and below it one line per feature the run logged (the coefficient, group
+shaping, score centering): whether it acted, and when it never did, why and what would make it act
+(``tools.acted``); exit code 0, or 1 when a recipe failed.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import math
@@ -25,8 +26,11 @@ from pathlib import Path
 
 import yaml
 
+from trl_length_plugin.offline.command import Parser
 from trl_length_plugin.plugin_keys import KEY_FAMILIES
 from trl_length_plugin.recipes import trl_recipes
+from trl_length_plugin.tools.acted import acted_lines
+from trl_length_plugin.tools.sessions import interrupt_on_ending_signals, run_session
 
 PROG = "trl-length recipe-smoke"
 #: recipes that read per-prompt data made by ``trl-length profile`` first (docs/profiles.md), with the profile
@@ -62,7 +66,9 @@ def model_folder(model: str) -> Path:
         from trl_length_plugin.embedded import embedded_model_dir
 
         return embedded_model_dir()
-    return Path(model)
+    from trl_length_plugin.embedded.model import local_model_folder
+
+    return local_model_folder(model)
 
 
 def completion_length(recipe: dict) -> int:
@@ -177,10 +183,8 @@ def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root:
     stages = (["profile: "] if len(commands) > 1 else []) + [""]
     for stage, command in zip(stages, commands, strict=True):
         try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, env=env, cwd=root, timeout=TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired:  # subprocess.run killed the trainer; vLLM runs in-process
+            done = run_session(command, TIMEOUT_S, env=env, cwd=root)
+        except subprocess.TimeoutExpired:  # the trainer's whole session was ended
             seconds = time.monotonic() - started
             return False, f"{name:<28} {seconds:6.0f} s  FAIL: {stage}timed out after {TIMEOUT_S} s"
         if done.returncode != 0:
@@ -188,17 +192,21 @@ def run_recipe(name: str, path: Path, model: Path, data: Path, steps: int, root:
     seconds = time.monotonic() - started
     found = [stage + problem for problem in problems(done, output, recipe)]
     verdict = "PASS" if not found else "FAIL: " + "; ".join(found)
-    return not found, f"{name:<28} {seconds:6.0f} s  {verdict}"
+    rows = [row for row in log_rows(done.stdout) if "loss" in row]
+    acted = acted_lines(rows, float(recipe.get("length_penalty_min_tokens") or 0))
+    return not found, "\n    ".join([f"{name:<28} {seconds:6.0f} s  {verdict}", *acted])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("names", nargs="*", help="recipes (default: every shipped TRL recipe)")
     parser.add_argument(
         "--model", default="smollm2", help="smollm2 (default), embedded or a local model folder"
     )
-    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=1, help="training steps of each recipe (default 1)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.steps < 1:
+        parser.error(f"--steps: at least 1, got {args.steps}")
     recipes = trl_recipes()
     unknown = [name for name in args.names if name not in recipes]
     if unknown:
@@ -206,9 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     names = args.names or list(recipes)
     try:
         model = model_folder(args.model)
-    except (ImportError, ValueError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except (ImportError, ValueError, OSError) as err:
+        parser.error(f"--model: {err}")
     from trl_length_plugin.trl_integration.tasks import gsm8k_sample
 
     failed = 0
@@ -217,10 +224,15 @@ def main(argv: list[str] | None = None) -> None:
         data = root / "gsm8k_sample.jsonl"
         data.write_text("".join(json.dumps(row) + "\n" for row in gsm8k_sample(64)))
         print(f"[{PROG}] {len(names)} recipe(s) on {model}, {args.steps} step(s) each", flush=True)
-        for name in names:
-            passed, line = run_recipe(name, recipes[name], model, data, args.steps, root)
-            failed += not passed
-            print(line, flush=True)
+        interrupt_on_ending_signals()
+        try:
+            for name in names:
+                passed, line = run_recipe(name, recipes[name], model, data, args.steps, root)
+                failed += not passed
+                print(line, flush=True)
+        except KeyboardInterrupt:  # the running recipe's session is ended (run_session)
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            raise SystemExit(1) from None
     raise SystemExit(1 if failed else 0)
 
 

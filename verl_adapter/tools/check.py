@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trl_length_plugin.plugin_keys import KEY_FAMILIES
+from trl_length_plugin.tools.sessions import run_session
 from verl_adapter.keys import PLUGIN_KEYS
 from verl_adapter.setup_checks import TASK_RUNNER_CHECKS
 
@@ -40,6 +41,8 @@ CONFIG_MODULE, CONFIG_NAME = "verl.trainer.config", "ppo_trainer"
 ENTRY = "verl.trainer.main_ppo"
 #: the interpreter names whose ``-m verl.trainer.main_ppo`` a recipe check intercepts
 _PYTHON = "python3?"
+#: a recipe script's limit up to its training command; past it, the script's whole session is ended
+SCRIPT_TIMEOUT_S = 60
 
 
 def _capture(python: str) -> str:
@@ -69,6 +72,19 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
+#: the file endings that make an argument a recipe script, not a Hydra override
+SCRIPT_SUFFIXES = (".sh", ".bash")
+
+
+def split_scripts(args: list[str]) -> tuple[list[Path], list[str]]:
+    """The leading recipe scripts of ``args`` (a name ending in ``SCRIPT_SUFFIXES``, no ``=``) and the rest."""
+    rest = list(args)
+    scripts = []
+    while rest and rest[0].endswith(SCRIPT_SUFFIXES) and "=" not in rest[0]:
+        scripts.append(Path(rest.pop(0)))
+    return scripts, rest
+
+
 def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
     """The overrides ``script`` (run with ``extra`` as its arguments) passes to ``python3 -m verl.trainer.main_ppo``."""
     if not script.is_file():
@@ -93,9 +109,7 @@ def recipe_overrides(script: Path, extra: list[str]) -> list[str]:
         captured = Path(folder) / "args"
         env = {**os.environ, **_SHIMS, "TRL_LENGTH_VERL_ARGS": str(captured)}
         try:
-            done = subprocess.run(
-                ["bash", str(script), *extra], env=env, capture_output=True, text=True, timeout=60
-            )
+            done = run_session(["bash", str(script), *extra], SCRIPT_TIMEOUT_S, env=env)
         except (OSError, subprocess.TimeoutExpired) as err:
             raise CheckError(f"{script}: could not run it with bash: {one_line(err)}") from None
         if not captured.exists():
@@ -223,9 +237,7 @@ def overrides_errors(overrides: list[str]) -> list[str]:
 
 def check(args: list[str]) -> tuple[list[str], list[str]]:
     """(what was checked, one line per error) for ``[RECIPE.sh...] [OVERRIDES...]``."""
-    scripts = []
-    while args and args[0].endswith(".sh") and "=" not in args[0]:
-        scripts.append(Path(args.pop(0)))
+    scripts, args = split_scripts(args)
     _quiet_import()
     if not scripts:
         return [f"{len(args)} override{'s' * (len(args) != 1)}"], overrides_errors(args)

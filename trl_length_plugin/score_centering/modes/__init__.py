@@ -15,7 +15,7 @@ import math
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,19 @@ AUTO = "auto"
 
 
 def register_mode(mode: ImportanceSampling) -> ImportanceSampling:
-    """Register ``mode`` under its name (unique, not ``auto``), its declarations checked; returns it."""
+    """Register ``mode`` under its name (unique, not empty, not ``auto``), its declarations checked; returns it."""
+    if not isinstance(mode.name, str) or not mode.name.strip():
+        raise ValueError(
+            f"importance-sampling mode: a name is needed (a non-empty string), got {mode.name!r}"
+        )
+    if not callable(mode.coefficients) or not callable(mode.weights):
+        raise ValueError(
+            f"importance-sampling mode {mode.name!r}: its coefficients and weights must be functions (docs/write-a-mode.md)"
+        )
+    if mode.bounds not in get_args(BoundsSource):
+        raise ValueError(
+            f"importance-sampling mode {mode.name!r}: bounds must be one of {get_args(BoundsSource)}, got {mode.bounds!r}"
+        )
     if mode.name == AUTO:
         raise ValueError(f"importance-sampling mode {AUTO!r} is reserved: it takes the host's own mode")
     if mode.name in _MODES:
@@ -90,7 +102,14 @@ def register_mode(mode: ImportanceSampling) -> ImportanceSampling:
 
 
 def unregister_mode(name: str) -> None:
-    """Remove a registered mode."""
+    """Remove a mode registered from outside the package; the package's own modes stay (the config, the hosts
+    and their checks name them)."""
+    if name in BUILT_IN:
+        raise ValueError(
+            f"importance-sampling mode {name!r} is one of the package's own; it cannot be unregistered"
+        )
+    if name not in _MODES:
+        raise ValueError(f"importance-sampling mode {name!r} is not registered; registered: {mode_names()}")
     del _MODES[name]
 
 
@@ -123,3 +142,5 @@ def head_ratios(head: Head) -> tuple[torch.Tensor, torch.Tensor]:
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
+#: the package's own modes
+BUILT_IN = frozenset(_MODES)

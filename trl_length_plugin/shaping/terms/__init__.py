@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from ..columns import HOST_COLUMNS, METADATA_COLUMNS, METADATA_KEYS
+from ..columns import HOST_COLUMNS, METADATA_COLUMNS, METADATA_KEYS, PROMPT_ID, ROLLOUT_COLUMNS
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +63,8 @@ Kind = Literal["rollout", "gate", "additive", "multiplier"]
 KINDS: tuple[Kind, ...] = get_args(Kind)  # in §2.6 order
 #: the per-prompt metadata a term may read (§2.14): the merged bands, the profiles, the target length
 Metadata = Literal["bands", "profiles", "target"]
+#: the keys every agent block has beside the terms' (``config.SharedParams``): no term's key takes their names
+SHARED_KEYS = ("enabled", "length_type", "top_percentile")
 #: the key under which a rollout term may return the new rollout reward itself
 REWARD = "reward"
 #: the key of a gate term's per-group output saying whether the gated terms apply
@@ -98,6 +100,18 @@ class Parameter:
     default: Any
     description: str
     options: tuple[str, ...] = ()
+
+    def default_error(self) -> str | None:
+        """Why the default breaks the key's own type or constraints (pydantic, strict like the config), or None."""
+        from pydantic import TypeAdapter, ValidationError
+
+        from ...config_base import STRICT
+
+        try:
+            TypeAdapter(self.annotation, config=STRICT).validate_python(self.default)
+        except ValidationError as err:
+            return err.errors()[0]["msg"]
+        return None
 
     def field(self) -> tuple[Any, FieldInfo]:
         """The pydantic field definition: ``(annotation, Field(default, description=...))``."""
@@ -209,6 +223,12 @@ class Term:
 
 #: the entry-point group through which an installed package registers its terms (docs/write-a-term.md)
 ENTRY_POINT_GROUP = "trl_length_plugin.terms"
+
+
+class TermLoadError(ImportError):
+    """A module of the ``ENTRY_POINT_GROUP`` failed to load or to register its terms (one line)."""
+
+
 _REGISTRY: dict[str, Term] = {}
 _ORDERED: list[Term] = []  # the registry in §2.6 order
 _KEYS: dict[str, Parameter] = {}  # every term's keys
@@ -233,6 +253,8 @@ def register_term(
 ) -> Callable[[Compute], Compute]:
     """Decorator registering ``compute(view, inputs) -> {output: tensor}`` as a length term (see the module
     docstring for what each declaration means); ``outputs`` defaults to ``(name,)``."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"length term: a name is needed (a non-empty string), got {name!r}")
     if kind not in KINDS:
         raise ValueError(f"length term {name!r}: kind must be one of {KINDS}, got {kind!r}")
     if not set(switches) <= set(parameters):
@@ -245,14 +267,16 @@ def register_term(
         if taken:
             raise ValueError(f"length term {name!r}: key {sorted(taken)[0]!r} belongs to another term")
         named = [column.name for column in columns]
-        clash = set(named) & {*metadata_columns(), *METADATA_KEYS, *HOST_COLUMNS} or len(set(named)) < len(
-            named
-        )
+        read = {*metadata_columns(), *METADATA_KEYS, *HOST_COLUMNS, *ROLLOUT_COLUMNS, PROMPT_ID}
+        clash = set(named) & read or len(set(named)) < len(named)
         if clash or any(column.width < 1 for column in columns):
             raise ValueError(
-                f"length term {name!r}: its columns {named} must be new dataset column names (not a host's), "
-                "each at least one number wide"
+                f"length term {name!r}: its columns {named} must be new dataset column names (not one a host or "
+                "tool reads), each at least one number wide"
             )
+        problem = _declaration_error(parameters, outputs or (name,))
+        if problem:
+            raise ValueError(f"length term {name!r}: {problem}")
         if not _open:
             raise ValueError(
                 f"length term {name!r}: registered after the length-shaping config was built; register it "
@@ -270,6 +294,24 @@ def register_term(
     return register
 
 
+def _declaration_error(parameters: Mapping[str, Parameter], named: tuple[str, ...]) -> str | None:
+    """What in a new term's keys or outputs would break the registered terms: a key named like a shared key
+    or a registered output, an output named like a registered output or key (the verbose records and the
+    metrics hold them by name), an output named twice, a default its own constraints refuse."""
+    others = {output for term in _ORDERED for output in term.outputs}
+    for key, parameter in parameters.items():
+        if key in SHARED_KEYS or key in others:
+            kind = "a key every agent block shares" if key in SHARED_KEYS else "another term's output"
+            return f"key {key!r} is {kind}; choose another name"
+        problem = parameter.default_error()
+        if problem:
+            return f"key {key!r}: its default {parameter.default!r} breaks its own type or constraints ({problem})"
+    taken = [output for output in named if output in others or output in _KEYS]
+    if taken or len(set(named)) < len(named):
+        return f"its outputs {list(named)} must be new names, each once (not another term's output or key)"
+    return None
+
+
 def registered_parameters() -> dict[str, tuple[Any, FieldInfo]]:
     """Close registration and give every term's keys as pydantic field definitions, terms in §2.6 order:
     the package's own terms, then those of installed packages (the modules their ``ENTRY_POINT_GROUP``
@@ -281,8 +323,10 @@ def registered_parameters() -> dict[str, tuple[Any, FieldInfo]]:
             try:
                 entry.load()
             except Exception as err:
-                raise ImportError(
-                    f"{ENTRY_POINT_GROUP} entry point {entry.name!r} ({entry.value}) failed to load: {err!r}"
+                said = " ".join(str(err).split())
+                raise TermLoadError(
+                    f"{ENTRY_POINT_GROUP} entry point {entry.name!r} ({entry.value}) failed to load: "
+                    f"{type(err).__name__}: {said}"
                 ) from err
         _open = False
     return {key: p.field() for term in _ORDERED for key, p in term.parameters.items()}
