@@ -944,7 +944,9 @@ def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> 
     stored = json.loads(summary.read_text())
     records = stored["runs"]
     names = {r["arm"] for r in records}
-    task = real_task.GRID_TASKS[stored.get("task") or records[0]["settings"].get("task", tasks.ARITHMETIC.name)]
+    task = real_task.GRID_TASKS[
+        stored.get("task") or records[0]["settings"].get("task", tasks.ARITHMETIC.name)
+    ]
     arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
     rows = summarize(records, arms)
     tables = all_tables(records, rows, stored["warm"])
@@ -957,7 +959,11 @@ def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> 
     curves = plot_curves(records, arms, curves_path(png), title + ", per step")
     if doc is not None:
         weights = stored.get("weights") or "not recorded"
-        named = f"model {stored['model']} (weights {weights}), task {stored['task']}; " if "task" in stored else ""
+        named = (
+            f"model {stored['model']} (weights {weights}), task {stored['task']}; "
+            if "task" in stored
+            else ""
+        )
         replace_block(
             doc, summary.name, f"_Generated from `{summary.name}` ({named}{len(records)} runs)._\n\n{tables}"
         )

@@ -546,7 +546,8 @@ def test_the_pinned_warm_model_is_the_one_the_grid_starts_from(tmp_path, monkeyp
         (tasks.OVERTHINKING, (tasks.OVERTHINKING.grid_summary,)),
     ]
     found = {
-        task.name: embedded_model_dir(warm_start=True, seed=task.warm_seed, task=task.name) for task, _ in summaries
+        task.name: embedded_model_dir(warm_start=True, seed=task.warm_seed, task=task.name)
+        for task, _ in summaries
     }
     assert sorted(path.name for path in found.values()) == sorted(path.name for path in pinned)
     for task, names in summaries:
