@@ -9,6 +9,7 @@ from trl_length_plugin.embedded.task import last_number_score
 from trl_length_plugin.embedded.tasks import (
     GROUP_RELATIVE,
     HELD_OUT_SEED,
+    SHORTEST_LONGEST,
     TASKS,
     TRAINING,
     Task,
@@ -89,8 +90,8 @@ REAL_OVERTHINKING = Task(
     {**REAL_TRAINING, "max_completion_length": 96},
     held_out_word_problems,
     word_problem_training_set,
-    best_name="group-relative 1.0",
-    best_keys=GROUP_RELATIVE,
+    best_name="shortest bonus / longest penalty 0.5",
+    best_keys=SHORTEST_LONGEST,
     best_peer="Kimi k1.5 length reward 1.0",
     grid_summary="efficacy_real_overthinking_runs.json",
     warm_seed=0,
