@@ -960,7 +960,7 @@ def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> 
     if doc is not None:
         weights = stored.get("weights") or "not recorded"
         named = (
-            f"model {stored['model']} (weights {weights}), task {stored['task']}; "
+            f"model {stored.get('model', 'not recorded')} (weights {weights}), task {stored['task']}; "
             if "task" in stored
             else ""
         )

@@ -90,6 +90,7 @@ REAL_OVERTHINKING = Task(
     {**REAL_TRAINING, "max_completion_length": 96},
     held_out_word_problems,
     word_problem_training_set,
+    # the embedded overthinking grid's best arm and the real task's best peer until this task's grid has run
     best_name="shortest bonus / longest penalty 0.5",
     best_keys=SHORTEST_LONGEST,
     best_peer="Kimi k1.5 length reward 1.0",

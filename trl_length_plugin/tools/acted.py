@@ -33,7 +33,8 @@ def coefficient_line(rows: Sequence[dict], min_tokens: float) -> str | None:
         return None
     if max(penalized) > 0:
         return f"length coefficient: acted (it penalized up to {max(penalized):.3g} of a step's responses)"
-    if max(_values(rows, "length_penalty/coeff"), default=0.0) == 0:
+    coefficients = _values(rows, "length_penalty/coeff")
+    if coefficients and max(coefficients) == 0:
         why = "the coefficient was 0 at every step (its warm-up or schedule); train past them or raise length_penalty_coeff"
     else:
         longest = max(_values(rows, *LONGEST), default=math.nan)

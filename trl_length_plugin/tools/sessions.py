@@ -69,7 +69,14 @@ def run_session(command: list[str], timeout_s: float, **options) -> subprocess.C
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except BaseException:
-        end_session(process.pid, grace_s=2.0)
-        process.communicate()
+        blocked = signal.pthread_sigmask(
+            signal.SIG_BLOCK, ENDING_SIGNALS
+        )  # a second one cannot cut this short
+        try:
+            end_session(process.pid, grace_s=2.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=5)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
