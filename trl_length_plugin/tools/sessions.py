@@ -15,9 +15,10 @@ ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def interrupt_on_ending_signals() -> None:
-    """Make SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as Ctrl-C does: a killed tool, or one whose terminal
-    closed, still ends its sessions."""
-    for ending in ENDING_SIGNALS[1:]:
+    """Make Ctrl-C, SIGTERM and SIGHUP raise ``KeyboardInterrupt``: a tool interrupted, killed, or whose terminal
+    closed still ends its sessions."""
+    # SIGINT too: a tool whose parent ignores it (a test runner's worker) inherits that
+    for ending in ENDING_SIGNALS:
         signal.signal(ending, _interrupt)
 
 
