@@ -927,13 +927,19 @@ def curves_path(png: Path) -> Path:
     return png.with_name(png.stem.removesuffix("_pareto") + "_curves.png")
 
 
-def replace_block(doc: Path, name: str, text: str) -> None:
-    """Write ``text`` between the markers ``<!-- NAME: begin -->`` and ``<!-- NAME: end -->`` of ``doc``; a
-    one-line error where the doc lacks them."""
+def check_block(doc: Path, name: str) -> tuple[str, str, str]:
+    """``doc``'s text and the markers ``<!-- NAME: begin -->``, ``<!-- NAME: end -->`` of its block; a one-line
+    error where the doc or the block is missing (checked before a grid starts)."""
     begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
-    content = doc.read_text()
+    content = doc.read_text() if doc.is_file() else ""
     if begin not in content or end not in content:
         raise SystemExit(f"error: {doc} has no {begin} ... {end} block to regenerate")
+    return content, begin, end
+
+
+def replace_block(doc: Path, name: str, text: str) -> None:
+    """Write ``text`` between the markers of ``doc``'s block ``name`` (``check_block``)."""
+    content, begin, end = check_block(doc, name)
     head, rest = content.split(begin, 1)
     doc.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
 

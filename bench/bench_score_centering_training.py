@@ -49,7 +49,14 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from bench.bench_efficacy import paired_interval, separates, slug, warm_weights  # noqa: E402
+from bench.bench_efficacy import (  # noqa: E402
+    check_block,
+    paired_interval,
+    replace_block,
+    separates,
+    slug,
+    warm_weights,
+)
 from bench.bench_score_centering_effect import chat_prompts_of, forward_logits, rollouts  # noqa: E402
 from bench.samplers import (  # noqa: E402
     PRECISIONS,
@@ -119,11 +126,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--from-summary", default="", help="regenerate the tables and the PNG from such a JSON file alone"
     )
     parser.add_argument(
+        "--doc",
+        default="",
+        help="with --summary or --from-summary: also write the tables into this doc's block named after the "
+        "summary file",
+    )
+    parser.add_argument(
         "--measure",
         default="",
         help="comma-separated samplers (fp32,bf16,int8,int4): their mismatch with the warm model, no training",
     )
     args = parser.parse_args(argv)
+    if args.doc:
+        summary = args.from_summary or args.summary
+        if not summary:
+            parser.error("--doc needs --summary or --from-summary: the block it writes is named after that file")
+        check_block(Path(args.doc), Path(summary).name)
     args.sampler_setting = parse_sampler(args.sampler, args.lag)
     if args.learning_rate is None:
         args.learning_rate = TASKS[args.task].training["learning_rate"]
@@ -660,21 +678,26 @@ def write_summary(records: list[dict], warm: dict, path: Path) -> Path:
     return path
 
 
-def report(records: list[dict], arms: list[Arm], warm: dict, png: Path) -> None:
-    """The tables and the PNG of a grid's records."""
+def report(records: list[dict], arms: list[Arm], warm: dict, png: Path) -> str:
+    """The tables of a grid's records (printed and returned, headed by what ran) and their PNG."""
     first = records[0]["settings"]
     name = f"{first['sampler']} sampler" + (f", lag {first['lag']}" if first["lag"] else "")
-    print(
-        f"\n# {first['task']} task, warm model {warm.get('model', '')} (weights {warm.get('weights', '')}), "
+    text = (
+        f"{first['task']} task, warm model {warm.get('model', '')} (weights {warm.get('weights', '')}), "
         f"{name}, K = {args_k(records)}, {first['steps']} steps, seeds "
-        f"{','.join(str(s) for s in sorted({r['seed'] for r in records}))}"
+        f"{','.join(str(s) for s in sorted({r['seed'] for r in records}))}\n\n{tables(records, arms)}"
     )
-    print(tables(records, arms))
     if all(r.get("evals") for r in records):
-        print()
-        print(trajectory_table(records, arms, warm))
+        text += "\n\n" + trajectory_table(records, arms, warm)
+    print(f"\n# {text}")
     title = f"score centering, {name} ({first['task']} task, {first['steps']} steps, mean over seeds)"
     print(f"\nwrote {plot(records, arms, png, title, warm)}")
+    return text
+
+
+def write_doc(doc: Path, summary: Path, text: str, runs: int) -> None:
+    """``text`` into ``doc``'s block named after the summary file (docs/score-centering.md)."""
+    replace_block(doc, summary.name, f"_Generated from `{summary.name}` ({runs} runs)._\n\n{text}")
 
 
 def args_k(records: list[dict]) -> int | None:
@@ -687,9 +710,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_summary:
         stored = json.loads(Path(args.from_summary).read_text())
         names = {r["arm"] for r in stored["runs"]}
-        return report(
-            stored["runs"], [arm for arm in ARMS if arm.name in names], stored["warm"], Path(args.png)
-        )
+        text = report(stored["runs"], [arm for arm in ARMS if arm.name in names], stored["warm"], Path(args.png))
+        if args.doc:
+            write_doc(Path(args.doc), Path(args.from_summary), text, len(stored["runs"]))
+        return None
     if args.measure:
         samplers = [parse_sampler(name.strip()) for name in args.measure.split(",")]
         print(f"# {args.task} task: each sampler against the warm model it serves, before training")
@@ -702,7 +726,9 @@ def main(argv: list[str] | None = None) -> None:
     records = run_all(arms, seeds, args)
     if args.summary:
         write_summary(records, warm, Path(args.summary))
-    report(records, arms, warm, Path(args.png))
+    text = report(records, arms, warm, Path(args.png))
+    if args.doc and args.summary:
+        write_doc(Path(args.doc), Path(args.summary), text, len(records))
     print(
         f"wall time {time.perf_counter() - started:.0f} s ({sum(r['seconds'] for r in records) / 60:.1f} min of run "
         "time)"

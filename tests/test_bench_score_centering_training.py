@@ -245,6 +245,25 @@ def test_collapse_and_the_trajectory_table_by_hand(tmp_path):
     png = tmp_path / "curves.png"
     bench.main(["--from-summary", str(summary), "--png", str(png)])
     assert png.stat().st_size > 0
+    doc = tmp_path / "doc.md"
+    doc.write_text("# head\n<!-- summary.json: begin -->\nold\n<!-- summary.json: end -->\ntail\n")
+    for _ in range(2):  # regenerating twice gives the same doc
+        bench.main(["--from-summary", str(summary), "--png", str(png), "--doc", str(doc)])
+        text = doc.read_text()
+        assert "old" not in text and text.startswith("# head\n") and text.endswith("end -->\ntail\n")
+        assert "_Generated from `summary.json` (4 runs)._" in text
+        assert "| no correction | 2 | 57.3 | 1 of 2 | 50 | 0.0300 |" in text
+
+
+def test_doc_option_is_checked_before_anything_runs(tmp_path, capsys):
+    """``--doc`` without a summary, or naming a doc without the summary's block, is a one-line error at once."""
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--doc", "docs/score-centering.md"])
+    assert "--doc needs --summary or --from-summary" in capsys.readouterr().err
+    doc = tmp_path / "doc.md"
+    doc.write_text("no block\n")
+    with pytest.raises(SystemExit, match="has no <!-- runs.json: begin -->"):
+        bench.parse_args(["--summary", "x/runs.json", "--doc", str(doc)])
 
 
 @pytest.mark.slow
