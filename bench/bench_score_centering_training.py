@@ -140,7 +140,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.doc:
         summary = args.from_summary or args.summary
         if not summary:
-            parser.error("--doc needs --summary or --from-summary: the block it writes is named after that file")
+            parser.error(
+                "--doc needs --summary or --from-summary: the block it writes is named after that file"
+            )
         check_block(Path(args.doc), Path(summary).name)
     args.sampler_setting = parse_sampler(args.sampler, args.lag)
     if args.learning_rate is None:
@@ -710,7 +712,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_summary:
         stored = json.loads(Path(args.from_summary).read_text())
         names = {r["arm"] for r in stored["runs"]}
-        text = report(stored["runs"], [arm for arm in ARMS if arm.name in names], stored["warm"], Path(args.png))
+        text = report(
+            stored["runs"], [arm for arm in ARMS if arm.name in names], stored["warm"], Path(args.png)
+        )
         if args.doc:
             write_doc(Path(args.doc), Path(args.from_summary), text, len(stored["runs"]))
         return None
