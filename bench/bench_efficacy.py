@@ -44,6 +44,7 @@ from bench._harness import header, report  # noqa: E402
 from trl_length_plugin.embedded import real_task, tasks  # noqa: E402
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS  # noqa: E402
 from trl_length_plugin.tools import demo  # noqa: E402
+from trl_length_plugin.trl_integration.plotting import pyplot, save_figure  # noqa: E402
 
 #: completions per training problem in the warm model's profiles
 PROFILE_SAMPLES = 16
@@ -762,10 +763,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     """Held-out length change (x) and accuracy change (y) vs plain GRPO, one point per arm with the 95%
     bootstrap intervals of its paired differences, the Pareto front and the target region. Arms that lose more
     than ``OFF_CHART`` accuracy points are named under the title instead, so the others stay readable."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     off = [r for r in rows if r["accuracy_change"][0] < -OFF_CHART]
     rows = [r for r in rows if r not in off]
@@ -806,11 +804,7 @@ def plot_pareto(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_summary(
@@ -887,10 +881,7 @@ def all_tables(records: list[dict], rows: list[dict], warm: list[dict]) -> str:
 def plot_curves(records: list[dict], arms: list[Arm], path: Path, title: str) -> Path | None:
     """Training length and accuracy per step, mean over seeds, one line per arm (None where the records keep no
     curves)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if not all(r.get("curve") for r in records):
         return None
@@ -911,11 +902,7 @@ def plot_curves(records: list[dict], arms: list[Arm], path: Path, title: str) ->
         ax.grid(alpha=0.3)
     accuracy_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def smooth(values: list[float], window: int = 5) -> list[float]:

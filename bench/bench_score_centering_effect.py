@@ -43,6 +43,7 @@ from bench.score_centering_effect import (  # noqa: E402
     sampler_logprobs,
     summarize,
 )
+from trl_length_plugin.trl_integration.plotting import pyplot, save_figure  # noqa: E402
 
 #: the modes with the bounds of the shipped recipes (score_centering_tis / _icepop / _adaptive, k = 0)
 SPECS = (
@@ -256,10 +257,7 @@ def write_csv(rows: list[Row], path: str) -> None:
 
 def plot(rows: list[Row], path: str) -> Path:
     """Bias with the correction (solid) and without (dashed) against K, full vocabulary, per mismatch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     mismatches = list(dict.fromkeys(r.mismatch for r in rows))
     fig, axes = plt.subplots(1, len(mismatches) + 1, figsize=(5 * (len(mismatches) + 1), 4))
@@ -290,12 +288,7 @@ def plot(rows: list[Row], path: str) -> Path:
         xscale="log", yscale="log", xlabel="K", ylabel="1 - head mass", title="tail mass (full vocabulary)"
     )
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

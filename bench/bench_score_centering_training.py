@@ -70,6 +70,7 @@ from trl_length_plugin.score_centering.estimator import (  # noqa: E402
     compute_score_centering_term,
     sampled_token_weights,
 )
+from trl_length_plugin.trl_integration.plotting import pyplot, save_figure  # noqa: E402
 
 
 class Arm(NamedTuple):
@@ -573,10 +574,7 @@ def trajectory_table(records: list[dict], arms: list[Arm], warm: dict) -> str:
 def plot(records: list[dict], arms: list[Arm], path: Path, title: str = "", warm: dict | None = None) -> Path:
     """Per arm, mean over seeds: held-out accuracy at the evaluated steps (with the warm model's as a line),
     training accuracy and the logprob gap per step (5-step means)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     for arm in arms:
@@ -615,11 +613,7 @@ def plot(records: list[dict], arms: list[Arm], path: Path, title: str = "", warm
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.suptitle(title or "score centering under a sampler/trainer mismatch (mean over seeds)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def smooth(values: list[float], window: int = 5) -> list[float]:

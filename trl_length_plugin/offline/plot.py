@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trl_length_plugin._optional import require
 from trl_length_plugin.offline.outputs import replacing
+from trl_length_plugin.trl_integration.plotting import pyplot
 
 
 def plot_preview(
@@ -21,11 +21,7 @@ def plot_preview(
     path: Path,
 ) -> Path:
     """Write the two panels to ``path`` (NaN rewards count as 0; through ``outputs.replacing``)."""
-    require("matplotlib", "trl")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     x = lengths.double().numpy()
     before, after = raw.nan_to_num(0.0).numpy(), shaped.nan_to_num(0.0).numpy()

@@ -31,6 +31,7 @@ from trl_length_plugin.embedded.tasks import (
     sample,
 )
 from trl_length_plugin.offline.command import Parser
+from trl_length_plugin.trl_integration.plotting import pyplot, save_figure
 
 #: the demo never reaches the Hub: these are set to 1 unless the caller set them
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
@@ -247,10 +248,7 @@ def train_side_by_side(arms: dict[str, dict], args: argparse.Namespace, task: Ta
 
 def plot_side_by_side(runs: dict[str, dict], path: Path, title: str) -> Path:
     """Both runs' mean completion length and accuracy per step, one panel each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (length_ax, accuracy_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
     for name, run in runs.items():
@@ -265,11 +263,7 @@ def plot_side_by_side(runs: dict[str, dict], path: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> Path:

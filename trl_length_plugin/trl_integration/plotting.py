@@ -18,6 +18,27 @@ def reward_keys(log_history: Sequence[dict]) -> list[str]:
     return list(keys)
 
 
+def pyplot():
+    """matplotlib's ``pyplot`` drawing off screen (the Agg backend); a missing matplotlib names the extra."""
+    require("matplotlib", "trl")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    """Lay ``fig`` out, write it to ``path`` as a PNG (its folder made), close it; returns the path."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
+
+
 def _series(log_history: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
     rows = [row for row in log_history if key in row and "step" in row]
     return [row["step"] for row in rows], [row[key] for row in rows]
@@ -34,12 +55,7 @@ def plot_training_curves(
     ``log_history`` is a trainer's ``state.log_history``. ``runs`` optionally maps labels to further
     histories drawn on the same axes (e.g. shaping on vs off). Returns the PNG path.
     """
-    require("matplotlib", "trl")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     histories = {"": log_history} if runs is None else dict(runs)
     keys = reward_keys([row for history in histories.values() for row in history])
     fig, axes = plt.subplots(1, 1 + max(1, len(keys)), figsize=(5 * (1 + max(1, len(keys))), 3.6))
@@ -57,9 +73,4 @@ def plot_training_curves(
             ax.legend()
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
