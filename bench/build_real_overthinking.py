@@ -26,6 +26,7 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 import torch  # noqa: E402
 
 from trl_length_plugin.embedded import real_model  # noqa: E402
+from trl_length_plugin.embedded.model import supervised_batch  # noqa: E402
 from trl_length_plugin.embedded.word_problems import draw_word_problem, held_out_questions, verbose_solution  # noqa: E402
 
 RANK, ALPHA = 8, 16
@@ -34,27 +35,12 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def batch(tokenizer, rng: random.Random, size: int, excluded: set[str]):
     """Token ids, attention mask and labels (completion tokens only) of ``size`` verbose examples."""
-    rows, starts = [], []
-    while len(rows) < size:
+    examples = []
+    while len(examples) < size:
         problem = draw_word_problem(rng)
-        if problem.question in excluded:
-            continue
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": problem.question}], tokenize=False, add_generation_prompt=True
-        )
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        completion = verbose_solution(problem, rng) + tokenizer.eos_token
-        rows.append(prompt_ids + tokenizer.encode(completion, add_special_tokens=False))
-        starts.append(len(prompt_ids))
-    width = max(map(len, rows))
-    ids = torch.full((size, width), tokenizer.pad_token_id)
-    mask = torch.zeros((size, width), dtype=torch.long)
-    labels = torch.full((size, width), -100)
-    for i, (row, start) in enumerate(zip(rows, starts, strict=True)):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-        labels[i, start : len(row)] = torch.tensor(row[start:])
-    return ids, mask, labels
+        if problem.question not in excluded:
+            examples.append((problem.question, verbose_solution(problem, rng)))
+    return supervised_batch(tokenizer, examples)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -158,10 +158,15 @@ def build_model(tokenizer, seed: int = 0):
 
 def _sft_batch(tokenizer, rng: random.Random, batch_size: int, task: str = "arithmetic"):
     """Token ids, attention mask and labels (completion tokens only) of one supervised batch."""
+    return supervised_batch(tokenizer, [_draw_example(rng, task) for _ in range(batch_size)])
+
+
+def supervised_batch(tokenizer, examples: list[tuple[str, str]]):
+    """Token ids, attention mask and labels of ``examples`` (question, completion): each question as a chat
+    prompt, each completion ending with the end-of-turn token, the loss on the completion tokens only."""
     torch = require("torch", "trl")
     rows, prompt_lens = [], []
-    for _ in range(batch_size):
-        question, completion = _draw_example(rng, task)
+    for question, completion in examples:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
         )
@@ -170,9 +175,9 @@ def _sft_batch(tokenizer, rng: random.Random, batch_size: int, task: str = "arit
         rows.append(prompt_ids + tokenizer.encode(completion, add_special_tokens=False))
         prompt_lens.append(len(prompt_ids))
     width = max(len(r) for r in rows)
-    ids = torch.full((batch_size, width), tokenizer.pad_token_id)
-    mask = torch.zeros((batch_size, width), dtype=torch.long)
-    labels = torch.full((batch_size, width), -100)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100)
     for i, (row, n_prompt) in enumerate(zip(rows, prompt_lens, strict=True)):
         ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = 1
