@@ -198,7 +198,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--samples", type=int, default=None, help="completions per held-out problem (default: the task's)"
     )
     parser.add_argument("--out", default="", help="where the JSON summary goes (default outputs/TASK_task)")
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="the GRPO run's (default: the task's), a regime setting",
+    )
     args = parser.parse_args(argv)
+    if args.learning_rate is not None and not 0 <= args.learning_rate < float("inf"):
+        parser.error(f"--learning-rate: a finite number >= 0 expected, got {args.learning_rate}")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -206,6 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     torch.set_num_threads(1)
     task = TASKS[args.task]
+    if args.learning_rate is not None:
+        task = dataclasses.replace(task, training={**task.training, "learning_rate": args.learning_rate})
     args.samples = args.samples or task.eval_samples
     started = time.perf_counter()
     model_dir = task.model_dir(args.seed)
@@ -221,7 +231,14 @@ def main(argv: list[str] | None = None) -> dict:
         f"problem at temperature {task.training['temperature']} ({eval_s:.0f} s)"
     )
     print(markdown(warm))
-    result = dict(seed=args.seed, samples=args.samples, model=model_dir.name, warm=warm, build_s=build_s)
+    result = dict(
+        seed=args.seed,
+        samples=args.samples,
+        model=model_dir.name,
+        learning_rate=task.training["learning_rate"],
+        warm=warm,
+        build_s=build_s,
+    )
     if args.steps:
         started = time.perf_counter()
         model, history = train_plain(model_dir, args.seed, args.steps, task)

@@ -231,3 +231,13 @@ def test_the_property_table_counts_hand_made_completions():
         pytest.approx(7 / 3),
         pytest.approx(700 / 56),
     )
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
+def test_bench_learning_rate_is_checked_before_a_model_loads(bad, capsys):
+    """The regime setting ``--learning-rate`` (docs/embedded.md, "Settings tried") is a one-line error."""
+    from bench.bench_reasoning_task import main
+
+    with pytest.raises(SystemExit):
+        main(["--task", "real-overthinking", "--learning-rate", bad])
+    assert "--learning-rate: a finite number >= 0 expected" in capsys.readouterr().err
