@@ -478,7 +478,7 @@ FIGURES = (  # (key in the record, label, scale)
     (("eval", "kl_to_warm"), "KL to the warm model (x1e-3)", 1e3),
     (("train", "ratio_std"), "std of r per step", 1.0),
     (("train", "ratio_outside"), "r outside [0.5, 2] (%)", 100.0),
-    (("train", "sampler_kl"), "KL(q || p) per token (x1e-3)", 1e3),
+    (("train", "sampler_kl"), "KL(q ‖ p) per token (x1e-3)", 1e3),
 )
 
 
