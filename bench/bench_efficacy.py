@@ -42,9 +42,9 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "T
 
 from bench._harness import header, report  # noqa: E402
 from trl_length_plugin.embedded import real_task, tasks  # noqa: E402
+from trl_length_plugin.figures import pyplot, save_figure  # noqa: E402
 from trl_length_plugin.shaping.columns import PROFILE_BAND, PROFILED_OUTPUT_LENGTHS, PROFILED_REWARDS  # noqa: E402
 from trl_length_plugin.tools import demo  # noqa: E402
-from trl_length_plugin.trl_integration.plotting import pyplot, save_figure  # noqa: E402
 
 #: completions per training problem in the warm model's profiles
 PROFILE_SAMPLES = 16

@@ -43,7 +43,7 @@ from bench.score_centering_effect import (  # noqa: E402
     sampler_logprobs,
     summarize,
 )
-from trl_length_plugin.trl_integration.plotting import pyplot, save_figure  # noqa: E402
+from trl_length_plugin.figures import pyplot, save_figure  # noqa: E402
 
 #: the modes with the bounds of the shipped recipes (score_centering_tis / _icepop / _adaptive, k = 0)
 SPECS = (

@@ -66,11 +66,11 @@ from bench.samplers import (  # noqa: E402
     parse_sampler,
 )
 from trl_length_plugin.embedded import real_task, tasks  # noqa: E402
+from trl_length_plugin.figures import pyplot, save_figure  # noqa: E402
 from trl_length_plugin.score_centering.estimator import (  # noqa: E402
     compute_score_centering_term,
     sampled_token_weights,
 )
-from trl_length_plugin.trl_integration.plotting import pyplot, save_figure  # noqa: E402
 
 
 class Arm(NamedTuple):

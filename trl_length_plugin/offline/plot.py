@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trl_length_plugin.figures import pyplot
 from trl_length_plugin.offline.outputs import replacing
-from trl_length_plugin.trl_integration.plotting import pyplot
 
 
 def plot_preview(

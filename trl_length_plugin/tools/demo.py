@@ -30,8 +30,8 @@ from trl_length_plugin.embedded.tasks import (
     held_out_figures,
     sample,
 )
+from trl_length_plugin.figures import pyplot, save_figure
 from trl_length_plugin.offline.command import Parser
-from trl_length_plugin.trl_integration.plotting import pyplot, save_figure
 
 #: the demo never reaches the Hub: these are set to 1 unless the caller set them
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")

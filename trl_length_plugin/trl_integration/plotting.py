@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from trl_length_plugin._optional import require
+from trl_length_plugin.figures import pyplot, save_figure
 
 LENGTH_KEY = "completions/mean_length"
 
@@ -16,27 +16,6 @@ def reward_keys(log_history: Sequence[dict]) -> list[str]:
     for row in log_history:
         keys.update((k, None) for k in row if k.startswith("rewards/") and k.endswith("/mean"))
     return list(keys)
-
-
-def pyplot():
-    """matplotlib's ``pyplot`` drawing off screen (the Agg backend); a missing matplotlib names the extra."""
-    require("matplotlib", "trl")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
-    """Lay ``fig`` out, write it to ``path`` as a PNG (its folder made), close it; returns the path."""
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    pyplot().close(fig)
-    return path
 
 
 def _series(log_history: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
