@@ -138,6 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated samplers (fp32,bf16,int8,int4): their mismatch with the warm model, no training",
     )
     args = parser.parse_args(argv)
+    if args.doc and args.measure:
+        parser.error("--doc writes a grid's tables; --measure runs no grid")
     if args.doc:
         summary = args.from_summary or args.summary
         if not summary:

@@ -260,6 +260,9 @@ def test_doc_option_is_checked_before_anything_runs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--doc", "docs/score-centering.md"])
     assert "--doc needs --summary or --from-summary" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--measure", "int4", "--summary", "s.json", "--doc", "docs/score-centering.md"])
+    assert "--measure runs no grid" in capsys.readouterr().err
     doc = tmp_path / "doc.md"
     doc.write_text("no block\n")
     with pytest.raises(SystemExit, match="has no <!-- runs.json: begin -->"):

@@ -200,3 +200,29 @@ def test_warm_start_answers_in_format_partly_correctly_with_varied_length(tiny_m
     assert in_format > 0.9
     assert 0.15 < accuracy < 0.9, accuracy
     assert statistics.pstdev(lengths) > 3, lengths
+
+
+def test_supervised_batch_labels_the_completion_and_its_end_of_turn_only():
+    """``supervised_batch``: each question as a chat prompt, the loss on the completion plus EOS, padding with
+    the pad id and mask 0; no examples is a named error."""
+    from trl_length_plugin.embedded.model import supervised_batch
+
+    tok = build_tokenizer(seed=0)
+    examples = [("3+4", "3+4=7"), ("12+30", "12+30=42 done")]
+    ids, mask, labels = supervised_batch(tok, examples)
+    for row, (question, completion) in enumerate(examples):
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+        )
+        prompt_ids = tok.encode(prompt, add_special_tokens=False)
+        target = tok.encode(completion + tok.eos_token, add_special_tokens=False)
+        n = len(prompt_ids) + len(target)
+        assert ids[row, :n].tolist() == prompt_ids + target
+        assert (
+            labels[row, : len(prompt_ids)].eq(-100).all()
+            and labels[row, len(prompt_ids) : n].tolist() == target
+        )
+        assert mask[row, :n].eq(1).all() and mask[row, n:].eq(0).all() and labels[row, n:].eq(-100).all()
+        assert ids[row, n:].eq(tok.pad_token_id).all()
+    with pytest.raises(ValueError, match="no examples"):
+        supervised_batch(tok, [])

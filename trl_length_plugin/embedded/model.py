@@ -164,6 +164,8 @@ def _sft_batch(tokenizer, rng: random.Random, batch_size: int, task: str = "arit
 def supervised_batch(tokenizer, examples: list[tuple[str, str]]):
     """Token ids, attention mask and labels of ``examples`` (question, completion): each question as a chat
     prompt, each completion ending with the end-of-turn token, the loss on the completion tokens only."""
+    if not examples:
+        raise ValueError("supervised_batch: no examples to batch")
     torch = require("torch", "trl")
     rows, prompt_lens = [], []
     for question, completion in examples:
