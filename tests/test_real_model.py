@@ -305,9 +305,8 @@ def test_ctrl_c_in_recipe_smoke_is_one_line_and_ends_the_run(tmp_path):
     deadline = time.monotonic() + 60
     while not processes_naming(f"--model_name_or_path\0{model}") and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(
-        1.0
-    )  # mid-run, as a user's Ctrl-C: recipe-smoke is waiting on the trainer, not still starting it
+    # mid-run, as a user's Ctrl-C: recipe-smoke is waiting on the trainer, not still starting it
+    time.sleep(1.0)
     smoke.send_signal(signal.SIGINT)
     out, err = smoke.communicate(timeout=60)
     assert (smoke.returncode, err.strip().splitlines()) == (1, ["trl-length recipe-smoke: interrupted"])

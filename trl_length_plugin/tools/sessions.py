@@ -70,9 +70,8 @@ def run_session(command: list[str], timeout_s: float, **options) -> subprocess.C
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except BaseException:
-        blocked = signal.pthread_sigmask(
-            signal.SIG_BLOCK, ENDING_SIGNALS
-        )  # a second one cannot cut this short
+        # a second ending signal cannot cut the cleanup short
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
         try:
             end_session(process.pid, grace_s=2.0)
             with contextlib.suppress(subprocess.TimeoutExpired):
