@@ -15,7 +15,7 @@ demo: setup
 	$(PY) -m trl_length_plugin.tools.demo
 
 test: setup lint
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	.venv/bin/ruff check .

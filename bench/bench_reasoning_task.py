@@ -13,12 +13,15 @@ tokens plain GRPO keeps. Recorded in docs/embedded.md:
 
     OMP_NUM_THREADS=1 python -m bench.bench_reasoning_task [--task reasoning|overthinking] [--seed 0]
         [--steps 60] [--samples 64] [--out outputs/reasoning_task, or outputs/TASK_task]
+        [--training KEY=VALUE ...]  (a regime setting of the GRPO run, e.g. learning_rate=3e-6)
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -179,6 +182,46 @@ def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
     return trainer.model, trainer.state.log_history
 
 
+def training_setting(text: str) -> tuple[str, object]:
+    """``--training``'s ``KEY=VALUE``: VALUE a Python literal (``3e-6``, ``32``), else the word itself."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"KEY=VALUE expected, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def regime(training: dict, settings: dict) -> dict:
+    """``training`` with ``settings`` in place, checked before any model loads: each key a setting of
+    ``LengthPluginGRPOConfig``, a number where its default is one (finite, >= 0), and the whole accepted by the
+    config (batch size a multiple of the group size...). ValueError names what is wrong."""
+    from trl_length_plugin.embedded import CPU_RUN_ARGS
+    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
+
+    defaults = {field.name: field.default for field in dataclasses.fields(LengthPluginGRPOConfig)}
+    for key, value in settings.items():
+        if key not in defaults:
+            raise ValueError(f"{key} is not a GRPO setting")
+        default = training.get(key, defaults[key])
+        numeric = isinstance(default, int | float) and not isinstance(default, bool)
+        if numeric and not (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0
+        ):
+            raise ValueError(f"{key}: a finite number >= 0 expected, got {value!r}")
+    merged = {**training, **settings}
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            LengthPluginGRPOConfig(output_dir=tmp, **merged, **CPU_RUN_ARGS)
+        except (TypeError, ValueError) as error:
+            raise ValueError(str(error).strip().splitlines()[0]) from None
+    return merged
+
+
 def retention(before: dict, after: dict) -> dict:
     """How much of the warm model's mean length and redundant tokens per completion a trained model keeps (%)."""
     return {
@@ -199,23 +242,26 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--out", default="", help="where the JSON summary goes (default outputs/TASK_task)")
     parser.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="the GRPO run's (default: the task's), a regime setting",
+        "--training",
+        type=training_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a GRPO setting of the run instead of the task's (a regime setting, docs/embedded.md); repeatable",
     )
     args = parser.parse_args(argv)
-    if args.learning_rate is not None and not 0 <= args.learning_rate < float("inf"):
-        parser.error(f"--learning-rate: a finite number >= 0 expected, got {args.learning_rate}")
+    task = TASKS[args.task]
+    if args.training:
+        try:
+            task = dataclasses.replace(task, training=regime(task.training, dict(args.training)))
+        except ValueError as error:
+            parser.error(f"--training: {error}")
     import torch
     from transformers import AutoModelForCausalLM
 
     from trl_length_plugin.embedded import load_tokenizer
 
     torch.set_num_threads(1)
-    task = TASKS[args.task]
-    if args.learning_rate is not None:
-        task = dataclasses.replace(task, training={**task.training, "learning_rate": args.learning_rate})
     args.samples = args.samples or task.eval_samples
     started = time.perf_counter()
     model_dir = task.model_dir(args.seed)
@@ -235,7 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
         seed=args.seed,
         samples=args.samples,
         model=model_dir.name,
-        learning_rate=task.training["learning_rate"],
+        training=task.training,
         warm=warm,
         build_s=build_s,
     )

@@ -21,6 +21,14 @@ os.environ.setdefault("TRL_LENGTH_PLUGIN_CACHE", str(REPO / ".cache" / "models")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
+def pytest_collection_modifyitems(items):
+    """The files that hold a ``slow`` test (a real trainer or engine) first, then the rest, each file's tests in
+    their order: with ``--dist loadfile --no-loadscope-reorder`` (the Makefile) both workers start on the long
+    files and the short ones fill the end, instead of one worker running the last long file alone."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """The warm-started embedded chat model (built once, then cached)."""

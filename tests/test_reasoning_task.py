@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from trl_length_plugin.embedded import correctness_reward, score_completion
+from trl_length_plugin.embedded import correctness_reward, real_task, score_completion
 from trl_length_plugin.embedded import model as embedded_model
 from trl_length_plugin.embedded.reasoning import (
     LEVELS,
@@ -233,11 +233,41 @@ def test_the_property_table_counts_hand_made_completions():
     )
 
 
-@pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
-def test_bench_learning_rate_is_checked_before_a_model_loads(bad, capsys):
-    """The regime setting ``--learning-rate`` (docs/embedded.md, "Settings tried") is a one-line error."""
-    from bench.bench_reasoning_task import main
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("learning_rate=-1", "learning_rate: a finite number >= 0 expected, got -1"),
+        ("learning_rate=nan", "learning_rate: a finite number >= 0 expected, got 'nan'"),
+        ("learning_rate=1e999", "learning_rate: a finite number >= 0 expected, got inf"),
+        ("beta=True", "beta: a finite number >= 0 expected, got True"),
+        ("learning_rat=1e-5", "learning_rat is not a GRPO setting"),
+        ("num_generations=3", "--training: "),
+        ("3e-6", "KEY=VALUE expected, got '3e-6'"),
+    ],
+)
+def test_bench_training_settings_are_checked_before_a_model_loads(bad, message, capsys, monkeypatch):
+    """A regime setting ``--training KEY=VALUE`` (docs/embedded.md, "Settings tried") that is not a GRPO setting,
+    not a number where one is expected, or that the config refuses (16 completions a step are not groups of 3)
+    is a one-line error before any model loads."""
+    from bench import bench_reasoning_task
 
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(bench_reasoning_task.tasks.Task, "model_dir", no_model)
     with pytest.raises(SystemExit):
-        main(["--task", "real-overthinking", "--learning-rate", bad])
-    assert "--learning-rate: a finite number >= 0 expected" in capsys.readouterr().err
+        bench_reasoning_task.main(["--task", "real-overthinking", "--training", bad])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], errors
+
+
+def test_bench_training_settings_replace_the_tasks():
+    """Settings are literals where they parse (numbers), words otherwise, and replace the task's own."""
+    from bench.bench_reasoning_task import regime, training_setting
+
+    assert training_setting("learning_rate=3e-6") == ("learning_rate", 3e-6)
+    assert training_setting("lr_scheduler_type=cosine") == ("lr_scheduler_type", "cosine")
+    task = real_task.REAL_OVERTHINKING
+    merged = regime(task.training, {"per_device_train_batch_size": 32, "beta": 0.04})
+    assert merged == {**task.training, "per_device_train_batch_size": 32, "beta": 0.04}
+    assert task.training["per_device_train_batch_size"] == 16  # the task's own settings are left as they were
