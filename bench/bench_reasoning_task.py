@@ -13,7 +13,7 @@ tokens plain GRPO keeps. Recorded in docs/embedded.md:
 
     OMP_NUM_THREADS=1 python -m bench.bench_reasoning_task [--task reasoning|overthinking] [--seed 0]
         [--steps 60] [--samples 64] [--out outputs/reasoning_task, or outputs/TASK_task]
-        [--training KEY=VALUE ...]  (a regime setting of the GRPO run, e.g. learning_rate=3e-6)
+        [--training KEY=VALUE ...] [--lora RANK]  (regime settings of the GRPO run, e.g. learning_rate=3e-6)
 """
 
 from __future__ import annotations
@@ -156,8 +156,10 @@ def evaluate(model, tokenizer, samples: int, task: tasks.Task) -> list[dict]:
     return annotate(completions, dataset, tokenizer, task)
 
 
-def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
-    """One plain GRPO run on the training problems of ``seed``; returns the trained model and its history."""
+def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task, lora: int = 0):
+    """One plain GRPO run on the training problems of ``seed``, of the full weights or (``lora``: its rank) of a
+    LoRA adapter on every linear layer (alpha twice the rank); returns the trained model (the adapter merged) and
+    its history."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -175,11 +177,19 @@ def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
             args=config,
             train_dataset=task.training_set(seed),
             callbacks=[demo.make_table_callback(steps)],
+            peft_config=lora_config(lora) if lora else None,
         )
         for callback in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(callback)
         trainer.train()
-    return trainer.model, trainer.state.log_history
+    model = trainer.model.merge_and_unload() if lora else trainer.model
+    return model, trainer.state.log_history
+
+
+def lora_config(rank: int):
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
 def training_setting(text: str) -> tuple[str, object]:
@@ -249,7 +259,16 @@ def main(argv: list[str] | None = None) -> dict:
         metavar="KEY=VALUE",
         help="a GRPO setting of the run instead of the task's (a regime setting, docs/embedded.md); repeatable",
     )
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="RANK",
+        help="train a LoRA adapter of this rank on every linear layer instead of the full weights (a regime setting)",
+    )
     args = parser.parse_args(argv)
+    if args.lora < 0:
+        parser.error(f"--lora: a rank >= 1 expected (0: the full weights), got {args.lora}")
     task = TASKS[args.task]
     if args.training:
         try:
@@ -282,12 +301,13 @@ def main(argv: list[str] | None = None) -> dict:
         samples=args.samples,
         model=model_dir.name,
         training=task.training,
+        lora=args.lora,
         warm=warm,
         build_s=build_s,
     )
     if args.steps:
         started = time.perf_counter()
-        model, history = train_plain(model_dir, args.seed, args.steps, task)
+        model, history = train_plain(model_dir, args.seed, args.steps, task, args.lora)
         train_s = time.perf_counter() - started
         trained = properties(evaluate(model, tokenizer, args.samples, task))
         before, after = warm[-1], trained[-1]

@@ -271,3 +271,27 @@ def test_bench_training_settings_replace_the_tasks():
     merged = regime(task.training, {"per_device_train_batch_size": 32, "beta": 0.04})
     assert merged == {**task.training, "per_device_train_batch_size": 32, "beta": 0.04}
     assert task.training["per_device_train_batch_size"] == 16  # the task's own settings are left as they were
+
+
+@pytest.mark.slow
+def test_bench_trains_a_lora_adapter_when_asked(tmp_path):
+    """``--lora 4`` trains an adapter of rank 4 through TRL's ``peft_config`` and evaluates the merged model; the
+    summary records the rank and the settings the run used."""
+    import json
+
+    from bench import bench_reasoning_task
+
+    argv = ["--task", "reasoning", "--steps", "1", "--samples", "1", "--lora", "4", "--out", str(tmp_path)]
+    result = bench_reasoning_task.main([*argv, "--training", "per_device_train_batch_size=8"])
+    assert json.loads((tmp_path / "seed0.json").read_text()) == json.loads(json.dumps(result))
+    assert result["lora"] == 4 and result["training"]["per_device_train_batch_size"] == 8
+    assert result["steps"] == 1 and result["trained"][-1]["n"] == result["warm"][-1]["n"]
+    assert set(result["retention"]) == {"length", "redundant_tokens"}
+
+
+def test_bench_lora_rank_is_checked_before_a_model_loads(capsys):
+    from bench.bench_reasoning_task import main
+
+    with pytest.raises(SystemExit):
+        main(["--task", "real-overthinking", "--lora", "-2"])
+    assert "--lora: a rank >= 1 expected (0: the full weights), got -2" in capsys.readouterr().err
