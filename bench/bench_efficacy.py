@@ -399,6 +399,8 @@ def settings(arm: Arm, steps: int, task: tasks.Task = tasks.ARITHMETIC) -> dict:
     )
     if arm.target_prompt:  # only then, so the other arms' stored runs stay valid
         stored["target_prompt"] = arm.target_prompt
+    if task.lora:  # likewise
+        stored["lora"] = task.lora
     return json.loads(json.dumps(with_task(stored, task)))
 
 

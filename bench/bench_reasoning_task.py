@@ -156,10 +156,9 @@ def evaluate(model, tokenizer, samples: int, task: tasks.Task) -> list[dict]:
     return annotate(completions, dataset, tokenizer, task)
 
 
-def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task, lora: int = 0):
-    """One plain GRPO run on the training problems of ``seed``, of the full weights or (``lora``: its rank) of a
-    LoRA adapter on every linear layer (alpha twice the rank); returns the trained model (the adapter merged) and
-    its history."""
+def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
+    """One plain GRPO run on the training problems of ``seed`` (the full weights, or ``task.lora``'s adapter);
+    returns the trained model and its history."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -177,19 +176,12 @@ def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task, lora: 
             args=config,
             train_dataset=task.training_set(seed),
             callbacks=[demo.make_table_callback(steps)],
-            peft_config=lora_config(lora) if lora else None,
+            peft_config=task.peft_config(),
         )
         for callback in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(callback)
         trainer.train()
-    model = trainer.model.merge_and_unload() if lora else trainer.model
-    return model, trainer.state.log_history
-
-
-def lora_config(rank: int):
-    from peft import LoraConfig
-
-    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+    return trainer.model, trainer.state.log_history
 
 
 def training_setting(text: str) -> tuple[str, object]:
@@ -262,14 +254,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--lora",
         type=int,
-        default=0,
+        default=None,
         metavar="RANK",
-        help="train a LoRA adapter of this rank on every linear layer instead of the full weights (a regime setting)",
+        help="train a LoRA adapter of this rank on every linear layer, 0: the full weights (default: the task's; a "
+        "regime setting)",
     )
     args = parser.parse_args(argv)
-    if args.lora < 0:
+    if args.lora is not None and args.lora < 0:
         parser.error(f"--lora: a rank >= 1 expected (0: the full weights), got {args.lora}")
     task = TASKS[args.task]
+    if args.lora is not None:
+        task = dataclasses.replace(task, lora=args.lora)
     if args.training:
         try:
             task = dataclasses.replace(task, training=regime(task.training, dict(args.training)))
@@ -301,13 +296,13 @@ def main(argv: list[str] | None = None) -> dict:
         samples=args.samples,
         model=model_dir.name,
         training=task.training,
-        lora=args.lora,
+        lora=task.lora,
         warm=warm,
         build_s=build_s,
     )
     if args.steps:
         started = time.perf_counter()
-        model, history = train_plain(model_dir, args.seed, args.steps, task, args.lora)
+        model, history = train_plain(model_dir, args.seed, args.steps, task)
         train_s = time.perf_counter() - started
         trained = properties(evaluate(model, tokenizer, args.samples, task))
         before, after = warm[-1], trained[-1]

@@ -597,6 +597,48 @@ def test_the_real_tasks_stored_settings_name_it_and_its_samples():
     assert bench.described(real_task.REAL) == "smollm2-135m-instruct, one-step arithmetic"
 
 
+def test_a_lora_tasks_runs_store_the_rank_and_others_stay_as_they_were():
+    """A task that trains a LoRA adapter stores its rank (a stored run of the full weights is redone); every other
+    task's stored settings are unchanged, so their runs stay valid."""
+    import dataclasses
+
+    plain = bench.arms_by_name(real_task.REAL_OVERTHINKING)[bench.PLAIN]
+    full = dataclasses.replace(real_task.REAL_OVERTHINKING, lora=0)
+    adapter = dataclasses.replace(real_task.REAL_OVERTHINKING, lora=16)
+    assert "lora" not in bench.settings(plain, 30, full)
+    assert bench.settings(plain, 30, adapter) == {**bench.settings(plain, 30, full), "lora": 16}
+    config = adapter.peft_config()
+    assert (config.r, config.lora_alpha, config.target_modules) == (16, 32, "all-linear")
+    assert full.peft_config() is None
+
+
+@pytest.mark.slow
+def test_a_grid_run_of_a_lora_task_trains_the_adapter(tmp_path):
+    """The grid's run (``demo.train_and_evaluate``) of a task with ``lora`` trains through TRL's ``peft_config``
+    and samples the held-out problems with the adapter (one step on the embedded reasoning task)."""
+    import dataclasses
+
+    task = dataclasses.replace(
+        tasks.REASONING,
+        lora=4,
+        eval_samples=1,
+        training={**tasks.REASONING.training, "per_device_train_batch_size": 8},
+    )
+    from transformers import TrainerCallback
+
+    trained = []
+
+    class Seen(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            trained.append(model.peft_config["default"].r)
+
+    result = demo.train_and_evaluate({}, 0, 1, tmp_path, callbacks=[Seen()], task=task)
+    assert trained == [4]
+    assert [row["step"] for row in result["history"] if "loss" in row] == [1]
+    assert sum(level["samples"] for level in result["eval"]["levels"]) == len(task.held_out())
+    assert 0 <= result["eval"]["accuracy"] <= 1
+
+
 def test_the_peers_score_the_real_task_with_its_own_correctness():
     """Kimi's reward and TRL's cosine read correctness: on the real task, the last number (not the embedded
     task's ``<think>`` format, which no completion of the real model has)."""

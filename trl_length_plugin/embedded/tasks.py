@@ -43,7 +43,8 @@ class Task:
     ``real_model``), its GRPO ``training`` settings, its ``held_out`` problems (``eval_samples`` completions
     each) and its ``training_set(seed)``. The embedded tasks score with ``correctness_reward``
     (docs/embedded.md), another task with its ``reward``. ``warm_seed``: the one warm model every seed's run starts
-    from (its seed), or None for a warm model per seed. The task's best trade-off of docs/efficacy.md
+    from (its seed), or None for a warm model per seed. ``lora``: GRPO trains a LoRA adapter of this rank on every
+    linear layer (alpha twice the rank) instead of the full weights (0). The task's best trade-off of docs/efficacy.md
     (``best_name``, ``best_keys``: bench/bench_efficacy.py names and keys it the same way), its best peer arm
     and the grid summary committed beside the doc, from which the demo prints their rows."""
 
@@ -60,6 +61,7 @@ class Task:
     reward: Callable | None = None
     eval_samples: int = EVAL_SAMPLES
     report: Callable = reasoning.step_report
+    lora: int = 0
 
     @property
     def max_length(self) -> int:
@@ -76,6 +78,17 @@ class Task:
     def accuracy_key(self) -> str:
         """The logged mean of the correctness reward (``ACCURACY_KEY`` on the embedded tasks)."""
         return f"rewards/{self.correctness.__name__}/mean"
+
+    def peft_config(self):
+        """The LoRA adapter GRPO trains (TRL's ``peft_config``), or None: the full weights."""
+        if not self.lora:
+            return None
+        from trl_length_plugin._optional import require
+
+        peft = require("peft", "trl")
+        return peft.LoraConfig(
+            r=self.lora, lora_alpha=2 * self.lora, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
 
     def model_dir(self, seed: int) -> Path:
         from trl_length_plugin.embedded import embedded_model_dir, real_model_dir

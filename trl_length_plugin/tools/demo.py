@@ -141,6 +141,7 @@ def train_and_evaluate(
         args=config,
         train_dataset=task.training_set(seed) if train_dataset is None else train_dataset,
         callbacks=list(callbacks),
+        peft_config=task.peft_config(),
     )
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
