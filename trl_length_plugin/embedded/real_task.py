@@ -82,12 +82,13 @@ REAL = Task(
     eval_samples=REAL_EVAL_SAMPLES,
 )
 #: the real model's overthinking task (docs/embedded.md, "The real model's overthinking task"): one- and two-step
-#: word problems on SmolLM2-135M-Instruct after the supervised pass on verbose solutions; the real task's settings
-#: with room for its longest solutions (87 tokens), so truncation stays rare, and 4 held-out samples a problem (its
-#: completions cost about three times the real task's)
+#: word problems on SmolLM2-135M-Instruct after the supervised pass on verbose solutions; the real task's batch
+#: and sampling with room for its longest solutions (87 tokens), so truncation stays rare, 4 held-out samples a
+#: problem (its completions cost about three times the real task's), and the regime that holds: GRPO trains a
+#: LoRA adapter (rank 16) at lr 3e-5 (the full weights at 2 prompts a step lost 10 points of accuracy)
 REAL_OVERTHINKING = Task(
     "real-overthinking",
-    {**REAL_TRAINING, "max_completion_length": 96},
+    {**REAL_TRAINING, "max_completion_length": 96, "learning_rate": 3e-5},
     held_out_word_problems,
     word_problem_training_set,
     # the embedded overthinking grid's best arm and the real task's best peer until this task's grid has run
@@ -100,6 +101,7 @@ REAL_OVERTHINKING = Task(
     reward=last_number_correctness,
     eval_samples=4,
     report=solution_report,
+    lora=16,
 )
 #: every task of bench/bench_efficacy.py's grids: the embedded ones and the real chat model's
 GRID_TASKS = {**TASKS, REAL.name: REAL, REAL_OVERTHINKING.name: REAL_OVERTHINKING}
