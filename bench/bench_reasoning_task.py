@@ -185,43 +185,74 @@ def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
 
 
 def training_setting(text: str) -> tuple[str, object]:
-    """``--training``'s ``KEY=VALUE``: VALUE a Python literal (``3e-6``, ``32``), else the word itself."""
+    """``--training``'s ``KEY=VALUE``: VALUE a Python literal (``3e-6``, ``32``, ``None``), a number (``nan``),
+    ``true``/``false`` in any case, else the word itself."""
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"KEY=VALUE expected, got {text!r}")
-    try:
-        return key, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key, value
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    for parse in (ast.literal_eval, float):
+        try:
+            return key, parse(value)
+        except (ValueError, SyntaxError):
+            continue
+    return key, value
 
 
 def regime(training: dict, settings: dict) -> dict:
     """``training`` with ``settings`` in place, checked before any model loads: each key a setting of
-    ``LengthPluginGRPOConfig``, a number where its default is one (finite, >= 0), and the whole accepted by the
-    config (batch size a multiple of the group size...). ValueError names what is wrong."""
+    ``LengthPluginGRPOConfig`` that the run does not set itself, each value of its declared type (numbers finite
+    and >= 0), and the whole accepted by the config (batch size a multiple of the group size...), built as
+    ``train_plain`` builds it. ValueError names what is wrong."""
+    import typing
+
     from trl_length_plugin.embedded import CPU_RUN_ARGS
     from trl_length_plugin.trl_integration import LengthPluginGRPOConfig
 
-    defaults = {field.name: field.default for field in dataclasses.fields(LengthPluginGRPOConfig)}
+    hints = typing.get_type_hints(LengthPluginGRPOConfig)
+    fields = {field.name for field in dataclasses.fields(LengthPluginGRPOConfig)}
     for key, value in settings.items():
-        if key not in defaults:
+        if key in ("output_dir", "max_steps", "seed", *CPU_RUN_ARGS):
+            raise ValueError(
+                f"{key} is the run's own (--steps, --seed, the CPU settings), not a regime setting"
+            )
+        if key not in fields:
             raise ValueError(f"{key} is not a GRPO setting")
-        default = training.get(key, defaults[key])
-        numeric = isinstance(default, int | float) and not isinstance(default, bool)
-        if numeric and not (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and value >= 0
-        ):
-            raise ValueError(f"{key}: a finite number >= 0 expected, got {value!r}")
+        _check_type(key, value, hints[key])
     merged = {**training, **settings}
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            LengthPluginGRPOConfig(output_dir=tmp, **merged, **CPU_RUN_ARGS)
+            LengthPluginGRPOConfig(output_dir=tmp, max_steps=1, seed=0, **merged, **CPU_RUN_ARGS)
         except (TypeError, ValueError) as error:
-            raise ValueError(str(error).strip().splitlines()[0]) from None
+            raise ValueError((str(error).strip().splitlines() or [type(error).__name__])[0]) from None
     return merged
+
+
+def _check_type(key: str, value: object, hint) -> None:
+    """``value`` one of the types ``hint`` declares (an int where a float is; a number finite and >= 0)."""
+    import types
+    import typing
+
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = [typing.get_origin(kind) or kind for kind in (typing.get_args(hint) if union else (hint,))]
+    if isinstance(value, bool):
+        fits = bool in kinds
+    elif isinstance(value, int | float):
+        fits = float in kinds or (int in kinds and isinstance(value, int))
+    else:
+        fits = any(isinstance(kind, type) and isinstance(value, kind) for kind in kinds)
+    if not fits:
+        names = " or ".join(
+            "None" if kind is type(None) else getattr(kind, "__name__", str(kind)) for kind in kinds
+        )
+        raise ValueError(f"{key}: {names} expected, got {value!r}")
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and not (math.isfinite(value) and value >= 0)
+    ):
+        raise ValueError(f"{key}: a finite number >= 0 expected, got {value!r}")
 
 
 def retention(before: dict, after: dict) -> dict:

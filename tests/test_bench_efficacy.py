@@ -3,6 +3,7 @@ summary, and that the demo trains the best trade-off docs/efficacy.md names."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -181,6 +182,9 @@ def test_demo_trains_each_tasks_best_trade_off_and_prints_the_grids_rows(task):
     assert list(grid) == [demo.PLAIN_NAME, task.best_name, task.best_peer]
     assert all(record["seed"] == 0 and {"train", "eval"} <= set(record) for record in grid.values())
     assert demo.grid_rows(task, 0, tasks.STEPS + 1) == {}
+    assert (
+        demo.grid_rows(dataclasses.replace(task, lora=16), 0, tasks.STEPS) == {}
+    )  # a LoRA run is another run
     text = (REPO / "docs" / "efficacy.md").read_text()
     arithmetic = text.index("## The arithmetic task")
     section = text[arithmetic:] if task is tasks.ARITHMETIC else text[:arithmetic]
@@ -606,6 +610,10 @@ def test_a_lora_tasks_runs_store_the_rank_and_others_stay_as_they_were():
     full = dataclasses.replace(real_task.REAL_OVERTHINKING, lora=0)
     adapter = dataclasses.replace(real_task.REAL_OVERTHINKING, lora=16)
     assert "lora" not in bench.settings(plain, 30, full)
+    for task in (*tasks.TASKS.values(), real_task.REAL):
+        assert task.lora == 0 and "lora" not in bench.settings(
+            bench.arms_by_name(task)[bench.PLAIN], 30, task
+        )
     assert bench.settings(plain, 30, adapter) == {**bench.settings(plain, 30, full), "lora": 16}
     config = adapter.peft_config()
     assert (config.r, config.lora_alpha, config.target_modules) == (16, 32, "all-linear")

@@ -92,6 +92,22 @@ def test_gspo_twin_differs_only_in_the_loss(composed):
     assert flat["gspo"]["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
 
 
+@pytest.mark.filterwarnings("ignore:Disabled critic")
+def test_gspo_twin_validates_and_trains_with_its_own_aggregation(composed):
+    """The GSPO twin as shipped (its ``seq-mean-token-mean``) passes verl's config checks and verl's own ``gspo``
+    loss runs on it with the plugin installed: finite loss, finite non-zero gradients. (Its ``main_ppo`` run left
+    the suite: it exercised no plugin code that the LUSPO run does not.)"""
+    gspo = composed["gspo"]
+    validate_config(gspo, use_reference_policy=need_reference_policy(gspo), use_critic=need_critic(gspo))
+    config = actor_config(gspo)
+    assert config.loss_agg_mode == "seq-mean-token-mean"
+    assert get_policy_loss_fn(config.policy_loss.loss_mode) is not adapter.compute_policy_loss_luspo
+    policy = TinyPolicy()
+    loss, grads, _ = run_ppo_loss(config, policy, padded_batch(policy, seed=4), [[[0, 1, 2], [3, 4, 5]]])
+    assert torch.isfinite(torch.tensor(loss))
+    assert all(torch.isfinite(g).all() for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
 def _flatten(node, prefix=""):
     if isinstance(node, dict):
         for key, value in node.items():

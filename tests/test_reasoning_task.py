@@ -237,18 +237,26 @@ def test_the_property_table_counts_hand_made_completions():
     "bad, message",
     [
         ("learning_rate=-1", "learning_rate: a finite number >= 0 expected, got -1"),
-        ("learning_rate=nan", "learning_rate: a finite number >= 0 expected, got 'nan'"),
+        ("learning_rate=nan", "learning_rate: a finite number >= 0 expected, got nan"),
         ("learning_rate=1e999", "learning_rate: a finite number >= 0 expected, got inf"),
-        ("beta=True", "beta: a finite number >= 0 expected, got True"),
+        ("epsilon_high=-1", "epsilon_high: a finite number >= 0 expected, got -1"),
+        ("beta=True", "beta: float expected, got True"),
+        ("num_generations=4.0", "num_generations: int or None expected, got 4.0"),
+        ("log_completions=yes", "log_completions: bool expected, got 'yes'"),
         ("learning_rat=1e-5", "learning_rat is not a GRPO setting"),
-        ("num_generations=3", "--training: "),
+        (
+            "max_steps=5",
+            "max_steps is the run's own (--steps, --seed, the CPU settings), not a regime setting",
+        ),
+        ("use_cpu=False", "use_cpu is the run's own"),
+        ("num_generations=3", "generation_batch_size (16) must be divisible by num_generations (3)"),
         ("3e-6", "KEY=VALUE expected, got '3e-6'"),
     ],
 )
 def test_bench_training_settings_are_checked_before_a_model_loads(bad, message, capsys, monkeypatch):
     """A regime setting ``--training KEY=VALUE`` (docs/embedded.md, "Settings tried") that is not a GRPO setting,
-    not a number where one is expected, or that the config refuses (16 completions a step are not groups of 3)
-    is a one-line error before any model loads."""
+    is one the run sets itself, is not of the setting's type (a number finite and >= 0), or that the config
+    refuses (16 completions a step are not groups of 3) is a one-line error before any model loads."""
     from bench import bench_reasoning_task
 
     def no_model(*args, **kwargs):
@@ -262,11 +270,15 @@ def test_bench_training_settings_are_checked_before_a_model_loads(bad, message, 
 
 
 def test_bench_training_settings_replace_the_tasks():
-    """Settings are literals where they parse (numbers), words otherwise, and replace the task's own."""
+    """Settings are literals where they parse (numbers), booleans in any case, words otherwise, and replace the
+    task's own."""
     from bench.bench_reasoning_task import regime, training_setting
 
     assert training_setting("learning_rate=3e-6") == ("learning_rate", 3e-6)
     assert training_setting("lr_scheduler_type=cosine") == ("lr_scheduler_type", "cosine")
+    assert training_setting("log_completions=false") == ("log_completions", False)
+    assert training_setting("shuffle_dataset=True") == ("shuffle_dataset", True)
+    assert regime({}, {"log_completions": False}) == {"log_completions": False}
     task = real_task.REAL_OVERTHINKING
     merged = regime(task.training, {"per_device_train_batch_size": 32, "beta": 0.04})
     assert merged == {**task.training, "per_device_train_batch_size": 32, "beta": 0.04}
@@ -275,8 +287,9 @@ def test_bench_training_settings_replace_the_tasks():
 
 @pytest.mark.slow
 def test_bench_trains_a_lora_adapter_when_asked(tmp_path):
-    """``--lora 4`` trains an adapter of rank 4 through TRL's ``peft_config`` and evaluates the merged model; the
-    summary records the rank and the settings the run used."""
+    """``--lora 4`` runs plain GRPO through TRL's ``peft_config`` (that the trainer holds the adapter is checked on
+    the grid's path, ``tests/test_bench_efficacy.py``) and samples the held-out problems with it; the summary
+    records the rank and the settings the run used."""
     import json
 
     from bench import bench_reasoning_task

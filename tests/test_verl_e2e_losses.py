@@ -1,7 +1,8 @@
 """verl's own trainer end to end on CPU with the plugin: LUSPO (``trl-length verl-smoke``; the setting and what
 every test asserts: ``tests/verl_e2e_helpers.py``). Nothing is faked. Its twin recipe, GSPO, is verl's own loss
-and differs in two keys: ``tests/test_luspo_verl.py`` composes both recipes and runs verl's loss on each in
-process, which a second two-minute ``main_ppo`` run would not add to."""
+and differs in two keys: ``tests/test_luspo_verl.py`` passes the composed GSPO recipe through verl's config checks
+and runs verl's GSPO loss on it in process (its own aggregation, and against LUSPO), which a second two-minute
+``main_ppo`` run would not add to."""
 
 from __future__ import annotations
 

@@ -161,8 +161,8 @@ def tail_mean(history: list[dict], key: str, last: int = 10) -> float:
 
 def grid_rows(task: Task, seed: int, steps: int) -> dict[str, dict]:
     """The stored grid runs (docs/efficacy.md's committed summary of ``task``) of plain GRPO, the task's best
-    arm and best peer arm at ``seed`` and ``steps`` with the task's training settings and warm model: arm name
-    -> record with ``train`` and ``eval``; empty where the summary lacks them."""
+    arm and best peer arm at ``seed`` and ``steps`` with the task's training settings, adapter and warm model:
+    arm name -> record with ``train`` and ``eval``; empty where the summary lacks them."""
     path = Path(__file__).resolve().parents[1] / "docs" / task.grid_summary
     if not path.exists():
         return {}
@@ -175,6 +175,7 @@ def grid_rows(task: Task, seed: int, steps: int) -> dict[str, dict]:
         and r["settings"]["steps"] == steps
         and r["settings"]["training"] == task.training
         and r["settings"].get("warm_seed") == task.warm_seed
+        and r["settings"].get("lora", 0) == task.lora
     }
     return {name: found[name] for name in wanted if name in found}
 
