@@ -156,31 +156,11 @@ def evaluate(model, tokenizer, samples: int, task: tasks.Task) -> list[dict]:
     return annotate(completions, dataset, tokenizer, task)
 
 
-def train_plain(model_dir: Path, seed: int, steps: int, task: tasks.Task):
+def train_plain(seed: int, steps: int, task: tasks.Task):
     """One plain GRPO run on the training problems of ``seed`` (the full weights, or ``task.lora``'s adapter);
     returns the trained model and its history."""
-    from transformers import AutoModelForCausalLM
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from trl_length_plugin.embedded import CPU_RUN_ARGS, load_tokenizer
-    from trl_length_plugin.trl_integration import LengthPluginGRPOConfig, LengthPluginGRPOTrainer
-
     with tempfile.TemporaryDirectory() as tmp:
-        config = LengthPluginGRPOConfig(
-            output_dir=tmp, max_steps=steps, seed=seed, **task.training, **CPU_RUN_ARGS
-        )
-        trainer = LengthPluginGRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(model_dir),
-            processing_class=load_tokenizer(model_dir),
-            reward_funcs=[task.correctness],
-            args=config,
-            train_dataset=task.training_set(seed),
-            callbacks=[demo.make_table_callback(steps)],
-            peft_config=task.peft_config(),
-        )
-        for callback in (PrinterCallback, ProgressCallback):
-            trainer.remove_callback(callback)
-        trainer.train()
+        trainer = demo.train_arm({}, seed, steps, tmp, callbacks=[demo.make_table_callback(steps)], task=task)
     return trainer.model, trainer.state.log_history
 
 
@@ -204,7 +184,7 @@ def regime(training: dict, settings: dict) -> dict:
     """``training`` with ``settings`` in place, checked before any model loads: each key a setting of
     ``LengthPluginGRPOConfig`` that the run does not set itself, each value of its declared type (numbers finite
     and >= 0), and the whole accepted by the config (batch size a multiple of the group size...), built as
-    ``train_plain`` builds it. ValueError names what is wrong."""
+    ``demo.train_arm`` builds it. ValueError names what is wrong."""
     import typing
 
     from trl_length_plugin.embedded import CPU_RUN_ARGS
@@ -333,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if args.steps:
         started = time.perf_counter()
-        model, history = train_plain(model_dir, args.seed, args.steps, task)
+        model, history = train_plain(args.seed, args.steps, task)
         train_s = time.perf_counter() - started
         trained = properties(evaluate(model, tokenizer, args.samples, task))
         before, after = warm[-1], trained[-1]

@@ -104,7 +104,7 @@ def make_progress_callback(arm: str, progress) -> object:
     return ProgressReport()
 
 
-def train_and_evaluate(
+def train_arm(
     keys: dict,
     seed: int,
     steps: int,
@@ -114,11 +114,10 @@ def train_and_evaluate(
     extra_rewards=(),
     reward_weights=None,
     task: Task = ARITHMETIC,
-    held_out=None,
-) -> dict:
+):
     """Train one arm (``keys``: its LengthPluginGRPOConfig keys, over ``task.training``; ``extra_rewards``:
-    reward functions besides the correctness reward, ``reward_weights`` all their weights) on ``task``, then sample the held-out problems (``held_out``: their rows, default the task's). Returns the log
-    history and the held-out ``eval`` figures (``held_out_figures``)."""
+    reward functions besides the correctness reward, ``reward_weights`` all their weights) on ``task`` (its
+    adapter, ``task.lora``, or the full weights); returns the trainer, its model trained."""
     from transformers import AutoModelForCausalLM
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -146,6 +145,27 @@ def train_and_evaluate(
     for callback in (PrinterCallback, ProgressCallback):
         trainer.remove_callback(callback)
     trainer.train()
+    return trainer
+
+
+def train_and_evaluate(
+    keys: dict,
+    seed: int,
+    steps: int,
+    output_dir: str | Path,
+    train_dataset=None,
+    callbacks=(),
+    extra_rewards=(),
+    reward_weights=None,
+    task: Task = ARITHMETIC,
+    held_out=None,
+) -> dict:
+    """``train_arm``, then sample the held-out problems (``held_out``: their rows, default the task's). Returns
+    the log history and the held-out ``eval`` figures (``held_out_figures``)."""
+    trainer = train_arm(
+        keys, seed, steps, output_dir, train_dataset, callbacks, extra_rewards, reward_weights, task
+    )
+    tokenizer = trainer.processing_class
     held_out = task.held_out() if held_out is None else held_out
     completions = sample(
         trainer.model, tokenizer, held_out, task.eval_samples, HELD_OUT_SEED, task.max_length, task
