@@ -419,7 +419,7 @@ def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = t
             dataset = with_profiles(dataset, profiles, arm.band_floor)
     with tempfile.TemporaryDirectory() as tmp:
         rewards, weights = peer_rewards(arm, task)
-        result = demo.train_and_evaluate(
+        trainer = demo.train_arm(
             arm.keys,
             seed,
             steps,
@@ -428,8 +428,8 @@ def train_run(arm_name: str, seed: int, steps: int, out: str, task_name: str = t
             extra_rewards=rewards,
             reward_weights=weights,
             task=task,
-            held_out=held_out,
         )
+        result = demo.evaluate_arm(trainer, task, held_out)
     history = [row for row in result["history"] if demo.LENGTH_KEY in row]
     metrics = sorted({key for row in history for key in row if key.startswith("length_penalty/")})
     return dict(

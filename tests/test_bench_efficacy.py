@@ -622,7 +622,7 @@ def test_a_lora_tasks_runs_store_the_rank_and_others_stay_as_they_were():
 
 @pytest.mark.slow
 def test_a_grid_run_of_a_lora_task_trains_the_adapter(tmp_path):
-    """The grid's run (``demo.train_and_evaluate``) of a task with ``lora`` trains through TRL's ``peft_config``
+    """The grid's run (``demo.train_arm``, ``demo.evaluate_arm``) of a task with ``lora`` trains through TRL's ``peft_config``
     and samples the held-out problems with the adapter (one step on the embedded reasoning task)."""
     import dataclasses
 
@@ -640,7 +640,7 @@ def test_a_grid_run_of_a_lora_task_trains_the_adapter(tmp_path):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             trained.append(model.peft_config["default"].r)
 
-    result = demo.train_and_evaluate({}, 0, 1, tmp_path, callbacks=[Seen()], task=task)
+    result = demo.evaluate_arm(demo.train_arm({}, 0, 1, tmp_path, callbacks=[Seen()], task=task), task)
     assert trained == [4]
     assert [row["step"] for row in result["history"] if "loss" in row] == [1]
     assert sum(level["samples"] for level in result["eval"]["levels"]) == len(task.held_out())

@@ -148,23 +148,9 @@ def train_arm(
     return trainer
 
 
-def train_and_evaluate(
-    keys: dict,
-    seed: int,
-    steps: int,
-    output_dir: str | Path,
-    train_dataset=None,
-    callbacks=(),
-    extra_rewards=(),
-    reward_weights=None,
-    task: Task = ARITHMETIC,
-    held_out=None,
-) -> dict:
-    """``train_arm``, then sample the held-out problems (``held_out``: their rows, default the task's). Returns
-    the log history and the held-out ``eval`` figures (``held_out_figures``)."""
-    trainer = train_arm(
-        keys, seed, steps, output_dir, train_dataset, callbacks, extra_rewards, reward_weights, task
-    )
+def evaluate_arm(trainer, task: Task = ARITHMETIC, held_out=None) -> dict:
+    """A trained arm (``train_arm``'s trainer) sampled on the held-out problems (``held_out``: their rows, default
+    the task's). Returns the log history and the held-out ``eval`` figures (``held_out_figures``)."""
     tokenizer = trainer.processing_class
     held_out = task.held_out() if held_out is None else held_out
     completions = sample(
@@ -223,9 +209,10 @@ def demo_run(name: str, keys: dict, seed: int, steps: int, output_dir: str, task
 
     torch.set_num_threads(1)  # the tiny model gains nothing from more, and bench_efficacy trains with one
     task = TASKS[task_name]
-    run = train_and_evaluate(
+    trainer = train_arm(
         keys, seed, steps, output_dir, callbacks=[make_progress_callback(name, progress)], task=task
     )
+    run = evaluate_arm(trainer, task)
     return dict(name=name, **run)
 
 
