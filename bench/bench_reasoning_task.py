@@ -211,11 +211,9 @@ def regime(training: dict, settings: dict) -> dict:
 
 def _check_type(key: str, value: object, hint) -> None:
     """``value`` one of the types ``hint`` declares (an int where a float is; a number finite and >= 0)."""
-    import types
-    import typing
+    from trl_length_plugin.trl_integration.script import declared_types
 
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    kinds = [typing.get_origin(kind) or kind for kind in (typing.get_args(hint) if union else (hint,))]
+    kinds = declared_types(hint)
     if isinstance(value, bool):
         fits = bool in kinds
     elif isinstance(value, int | float):

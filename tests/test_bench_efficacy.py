@@ -182,9 +182,8 @@ def test_demo_trains_each_tasks_best_trade_off_and_prints_the_grids_rows(task):
     assert list(grid) == [demo.PLAIN_NAME, task.best_name, task.best_peer]
     assert all(record["seed"] == 0 and {"train", "eval"} <= set(record) for record in grid.values())
     assert demo.grid_rows(task, 0, tasks.STEPS + 1) == {}
-    assert (
-        demo.grid_rows(dataclasses.replace(task, lora=16), 0, tasks.STEPS) == {}
-    )  # a LoRA run is another run
+    # a LoRA run is another run
+    assert demo.grid_rows(dataclasses.replace(task, lora=16), 0, tasks.STEPS) == {}
     text = (REPO / "docs" / "efficacy.md").read_text()
     arithmetic = text.index("## The arithmetic task")
     section = text[arithmetic:] if task is tasks.ARITHMETIC else text[:arithmetic]
@@ -604,8 +603,6 @@ def test_the_real_tasks_stored_settings_name_it_and_its_samples():
 def test_a_lora_tasks_runs_store_the_rank_and_others_stay_as_they_were():
     """A task that trains a LoRA adapter stores its rank (a stored run of the full weights is redone); every other
     task's stored settings are unchanged, so their runs stay valid."""
-    import dataclasses
-
     plain = bench.arms_by_name(real_task.REAL_OVERTHINKING)[bench.PLAIN]
     full = dataclasses.replace(real_task.REAL_OVERTHINKING, lora=0)
     adapter = dataclasses.replace(real_task.REAL_OVERTHINKING, lora=16)
@@ -622,10 +619,9 @@ def test_a_lora_tasks_runs_store_the_rank_and_others_stay_as_they_were():
 
 @pytest.mark.slow
 def test_a_grid_run_of_a_lora_task_trains_the_adapter(tmp_path):
-    """The grid's run (``demo.train_arm``, ``demo.evaluate_arm``) of a task with ``lora`` trains through TRL's ``peft_config``
-    and samples the held-out problems with the adapter (one step on the embedded reasoning task)."""
-    import dataclasses
-
+    """The grid's run (``demo.train_arm``, ``demo.evaluate_arm``) of a task with ``lora`` trains through TRL's
+    ``peft_config`` and samples the held-out problems with the adapter (one step on the embedded reasoning
+    task)."""
     task = dataclasses.replace(
         tasks.REASONING,
         lora=4,

@@ -52,15 +52,20 @@ def make_parser(prog: str, description: str) -> Parser:
     return Parser(arguments, prog=prog, description=description)
 
 
+def declared_types(hint) -> list:
+    """The types a field's annotation allows: each member of a union (``NoneType`` among them), generics by their
+    origin (``list[str]`` -> ``list``)."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return [typing.get_origin(kind) or kind for kind in (typing.get_args(hint) if union else (hint,))]
+
+
 def numeric_keys(parser: Parser) -> dict[str, type]:
     """Key -> ``int`` or ``float`` for every key whose type is that number (or None)."""
     numbers = {}
     for arguments in parser.dataclass_types:
         hints = typing.get_type_hints(arguments)
         for spec in dataclasses.fields(arguments):
-            hint = hints[spec.name]
-            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-            kinds = (set(typing.get_args(hint)) if union else {hint}) - {type(None)}
+            kinds = set(declared_types(hints[spec.name])) - {type(None)}
             if kinds in ({int}, {float}):
                 numbers[spec.name] = kinds.pop()
     return numbers
