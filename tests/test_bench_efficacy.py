@@ -166,18 +166,30 @@ def test_summary_changes_are_per_seed_and_the_best_trade_off_keeps_accuracy():
     assert "| group-relative 1.0 | 13.7 ± 0.9 | -35.0 ± 0.0% | 34.5 ± 6.4 | -0.5 ± 0.7 |" in tables
 
 
+def best_arms(task: tasks.Task) -> tuple[str, str]:
+    """The best arm of ours and the best peer arm of ``task``'s committed grid summary, by the best-trade-off
+    rule."""
+    stored = json.loads((REPO / "docs" / task.grid_summary).read_text())
+    names = {r["arm"] for r in stored["runs"]}
+    arms = [arm for arm in bench.TASK_ARMS[task.name] if arm.name in names]
+    rows = bench.summarize(stored["runs"], arms)
+    ours, peers = ([r for r in rows if bench.is_peer(r["arm"]) == peer] for peer in (False, True))
+    return bench.best_trade_off(ours)["arm"].name, bench.best_trade_off(peers)["arm"].name
+
+
+def test_the_real_overthinking_task_names_its_grids_best_arms():
+    """As the embedded tasks do: ``best_name`` and ``best_peer`` are what its committed grid gives."""
+    task = real_task.REAL_OVERTHINKING
+    assert best_arms(task) == (task.best_name, task.best_peer)
+    assert bench.arms_by_name(task)[task.best_name].keys == task.best_keys
+
+
 @pytest.mark.parametrize("task", list(tasks.TASKS.values()), ids=lambda task: task.name)
 def test_demo_trains_each_tasks_best_trade_off_and_prints_the_grids_rows(task):
     """The demo's best arm (of ours) and best peer of each task are those the committed grid summary gives by
     the best-trade-off rule, and the demo finds their seed-0 rows (with plain GRPO's) in that summary."""
     assert bench.arms_by_name(task)[task.best_name].keys == task.best_keys
-    stored = json.loads((REPO / "docs" / task.grid_summary).read_text())
-    names = {r["arm"] for r in stored["runs"]}
-    arms = [arm for arm in bench.TASK_ARMS[task.name] if arm.name in names]
-    rows = bench.summarize(stored["runs"], arms)
-    ours = [r for r in rows if not bench.is_peer(r["arm"])]
-    assert bench.best_trade_off(ours)["arm"].name == task.best_name
-    assert bench.best_trade_off([r for r in rows if bench.is_peer(r["arm"])])["arm"].name == task.best_peer
+    assert best_arms(task) == (task.best_name, task.best_peer)
     grid = demo.grid_rows(task, 0, tasks.STEPS)
     assert list(grid) == [demo.PLAIN_NAME, task.best_name, task.best_peer]
     assert all(record["seed"] == 0 and {"train", "eval"} <= set(record) for record in grid.values())

@@ -157,6 +157,21 @@ def test_the_overthinking_model_is_the_base_with_the_shipped_adapter_merged(smol
     assert transformers.AutoTokenizer.from_pretrained(folder).eos_token == "<|im_end|>"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["real", "real-overthinking"])
+def test_the_real_grids_summaries_name_the_model_they_started_from(name):
+    """Each committed real-model grid summary (docs/efficacy.md) names its task, the model folder this machine
+    builds for it and that folder's weights fingerprint, for every seed's warm start."""
+    from bench import bench_efficacy
+    from trl_length_plugin.embedded import real_task
+
+    task = real_task.GRID_TASKS[name]
+    summary = json.loads((REPO / "docs" / task.grid_summary).read_text())
+    weights = bench_efficacy.warm_weights(task, 0)
+    assert (summary["task"], summary["model"], summary["weights"]) == (name, task.model_dir(0).name, weights)
+    assert {warm["weights"] for warm in summary["warm"]} == {weights}
+
+
 def run_recipe_smoke(*args: str, **env: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "trl_length_plugin.tools.commands", "recipe-smoke", *args]
     environment = {**os.environ, "PYTHONPATH": str(REPO), **env}

@@ -91,10 +91,11 @@ REAL_OVERTHINKING = Task(
     {**REAL_TRAINING, "max_completion_length": 96, "learning_rate": 3e-5},
     held_out_word_problems,
     word_problem_training_set,
-    # the embedded overthinking grid's best arm and the real task's best peer until this task's grid has run
+    # its grid's best arm of ours and best peer by the best-trade-off rule (docs/efficacy.md): Kimi's reward,
+    # as short, loses more than 2 points
     best_name="shortest bonus / longest penalty 0.5",
     best_keys=SHORTEST_LONGEST,
-    best_peer="Kimi k1.5 length reward 1.0",
+    best_peer="TRL soft overlong buffer L/4",
     grid_summary="efficacy_real_overthinking_runs.json",
     warm_seed=0,
     real_model=OVERTHINKING,
