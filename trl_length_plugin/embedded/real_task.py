@@ -9,7 +9,6 @@ from trl_length_plugin.embedded.task import last_number_score
 from trl_length_plugin.embedded.tasks import (
     GROUP_RELATIVE,
     HELD_OUT_SEED,
-    SHORTEST_LONGEST,
     TASKS,
     TRAINING,
     Task,
@@ -91,10 +90,10 @@ REAL_OVERTHINKING = Task(
     {**REAL_TRAINING, "max_completion_length": 96, "learning_rate": 3e-5},
     held_out_word_problems,
     word_problem_training_set,
-    # its grid's best arm of ours and best peer by the best-trade-off rule (docs/efficacy.md): Kimi's reward,
-    # as short, loses more than 2 points
-    best_name="shortest bonus / longest penalty 0.5",
-    best_keys=SHORTEST_LONGEST,
+    # its grid's best arm of ours and best peer by the best-trade-off rule (docs/efficacy.md; a tie with the
+    # shortest bonus / longest penalty 0.5 by the intervals): Kimi's reward, as short, loses more than 2 points
+    best_name="pass-rate penalty 1.0",
+    best_keys=dict(length_penalty={"default": {"pass_rate_length_penalty_weight": 1.0}}),
     best_peer="TRL soft overlong buffer L/4",
     grid_summary="efficacy_real_overthinking_runs.json",
     warm_seed=0,
