@@ -933,17 +933,23 @@ def replace_block(doc: Path, name: str, text: str) -> None:
     doc.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")
 
 
-def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> None:
-    """The tables, the Pareto PNG and the per-step curves PNG from a summary file alone, arms in the grid's
-    order; with ``doc``, the tables also replace that doc's block named after the summary file."""
-    stored = json.loads(summary.read_text())
+def stored_rows(stored: dict) -> tuple[tasks.Task, list[Arm], list[dict]]:
+    """A summary's task, its arms in the grid's order and their rows (``summarize``)."""
     records = stored["runs"]
     names = {r["arm"] for r in records}
     task = real_task.GRID_TASKS[
         stored.get("task") or records[0]["settings"].get("task", tasks.ARITHMETIC.name)
     ]
     arms = [arm for arm in TASK_ARMS[task.name] if arm.name in names]
-    rows = summarize(records, arms)
+    return task, arms, summarize(records, arms)
+
+
+def regenerate(summary: Path, out: Path, png: Path, doc: Path | None = None) -> None:
+    """The tables, the Pareto PNG and the per-step curves PNG from a summary file alone, arms in the grid's
+    order; with ``doc``, the tables also replace that doc's block named after the summary file."""
+    stored = json.loads(summary.read_text())
+    records = stored["runs"]
+    task, arms, rows = stored_rows(stored)
     tables = all_tables(records, rows, stored["warm"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(tables + "\n")
